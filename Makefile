@@ -1,0 +1,46 @@
+# Every target works from a fresh clone: it builds .venv first when missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast bench lint sweep clean
+
+install: $(STAMP)
+
+# torch is pinned here (not in setup.cfg) so that this machine takes the local CPU
+# wheel; users keep their own CUDA build through the open range in install_requires.
+$(STAMP): setup.cfg pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/umsearch search
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/python -m umsearch.bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check umsearch tests
+	$(BIN)/mypy
+
+SPACES := $(wildcard search_spaces/*.toml)
+SWEEP_OUT := $(patsubst search_spaces/%.toml,results/sweep/%/plan.json,$(SPACES))
+
+sweep: $(SWEEP_OUT)
+	$(BIN)/python -m umsearch.sweep results/sweep
+
+results/sweep/%/plan.json: search_spaces/%.toml $(STAMP)
+	$(BIN)/umsearch search $< --out results/sweep/$* --quiet
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

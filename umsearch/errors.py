@@ -1,0 +1,35 @@
+"""Domain exceptions: every error a user can cause names the bad value and the fix.
+
+The CLI turns any :class:`UmsearchError` into one red line and exit code 1;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UmsearchError(Exception):
+    """Base of all user-facing errors. ``str(err)`` is the whole message."""
+
+
+class ProfileError(UmsearchError):
+    """A profile JSON is malformed or violates MODEL.md section 1."""
+
+
+class PlanError(UmsearchError):
+    """A plan JSON is malformed or violates MODEL.md section 2."""
+
+
+class SearchSpaceError(UmsearchError):
+    """A search-space TOML (or a flag overriding it) has a bad key or value."""
+
+
+class NoFeasiblePlanError(UmsearchError):
+    """No plan found fits the memory limit."""
+
+
+class ProfilingError(UmsearchError):
+    """Measuring a model failed in a way the user can fix (bad model, no CUDA, ...)."""
+
+
+class RuntimeExecutionError(UmsearchError):
+    """Executing a plan with the distributed runtime failed."""
