@@ -1,0 +1,5 @@
+"""``python -m umsearch`` is the ``umsearch`` command."""
+
+from umsearch.cli import main
+
+main()
