@@ -27,6 +27,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
