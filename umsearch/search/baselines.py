@@ -71,7 +71,6 @@ def bottleneck_cuts(cost: CostModel, S: int, stage_cost: np.ndarray) -> list[int
 
 
 def _range_costs(cost: CostModel, b: int, m: int) -> np.ndarray:
-    L = cost.num_layers
     cost.ensure(b)
     f, g = cost.fwd_prefix[b], cost.bwd_prefix[b]
     per = f + g

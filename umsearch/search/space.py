@@ -82,7 +82,7 @@ _SECTIONS = {
     "schedule": {"family", "recompute"},
     "search": {"population", "generations", "time_budget_s", "seed"},
 }
-_FLAT = {("microbatch", "min"): "min_microbatch", ("microbatch", "max"): "max_microbatch",
+_FLAT: dict[tuple[str, str], str] = {("microbatch", "min"): "min_microbatch", ("microbatch", "max"): "max_microbatch",
          ("microbatch", "multiple_of"): "multiple_of", ("microbatch", "max_count"): "max_microbatches",
          ("schedule", "family"): "schedule", ("schedule", "recompute"): "recompute"}  # fmt: skip
 
@@ -91,12 +91,13 @@ def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in doc.items():
         if isinstance(value, dict):
-            if key not in _SECTIONS or key == "":
+            section = _SECTIONS.get(key) if key else None
+            if section is None:
                 raise SearchSpaceError(f"unknown table [{key}]; known tables: microbatch, schedule, search")
             for sub, v in value.items():
-                if sub not in _SECTIONS[key]:
-                    raise SearchSpaceError(f"unknown key {key}.{sub}; known: {', '.join(sorted(_SECTIONS[key]))}")
-                flat[_FLAT.get((key, sub), sub)] = v
+                if sub not in section:
+                    raise SearchSpaceError(f"unknown key {key}.{sub}; known: {', '.join(sorted(section))}")
+                flat[_FLAT.get((key, sub)) or sub] = v
         elif key in _SECTIONS[""]:
             flat[key] = value
         else:

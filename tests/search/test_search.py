@@ -1,0 +1,103 @@
+"""The search: optimal on tiny instances, never behind a baseline, deterministic, valid outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from umsearch.cost_model import CostModel
+from umsearch.errors import NoFeasiblePlanError, SearchSpaceError
+from umsearch.plan import load_plan
+from umsearch.profile import load_profile, save_profile
+from umsearch.search.baselines import exhaustive_optimum, lower_bound
+from umsearch.search.driver import run_search
+from umsearch.search.report import write_outputs
+from umsearch.search.space import build_space, load_space, parse_bytes
+from umsearch.simulator import simulate
+from umsearch.workloads import simnet_profile
+
+
+def _tiny(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
+    profile = simnet_profile(layers=4, seed=3)
+    path = tmp_path / "tiny.json"
+    save_profile(profile, path)
+    values = {"profile": str(path), "stages": 2, "global_batch": 6, "max_microbatch": 6, "population": 40,
+              "generations": 40, "recompute": False, "seed": 1, **kw}  # fmt: skip
+    return profile, build_space(values)
+
+
+def test_tiny_search_matches_exhaustive_optimum(tmp_path: Path) -> None:
+    profile, space = _tiny(tmp_path)
+    cost = CostModel(profile, state_factor=space.state_factor)
+    exact = exhaustive_optimum(cost, space)
+    assert exact is not None
+    found = run_search(space, profile)
+    assert found.best.iteration_ms <= exact.iteration_ms * 1.01
+    assert found.lower_bound_ms <= found.best.iteration_ms
+
+
+def test_never_slower_than_baselines_and_deterministic(tmp_path: Path) -> None:
+    profile, space = _tiny(tmp_path, global_batch=16, max_microbatch=16, generations=15)
+    a = run_search(space, profile)
+    b = run_search(space, profile)
+    for base in a.baselines.values():
+        if base is not None:
+            assert a.best.iteration_ms <= base.iteration_ms
+    assert a.best.plan == b.best.plan
+    assert a.best.iteration_ms == b.best.iteration_ms
+
+
+def test_written_plan_validates_and_resimulates(tmp_path: Path) -> None:
+    profile, space = _tiny(tmp_path, global_batch=12, generations=5)
+    result = run_search(space, profile)
+    paths = write_outputs(result, space, profile, tmp_path / "out")
+    plan = load_plan(paths["plan"], profile.num_layers)
+    res = simulate(plan, CostModel(load_profile(space.profile), state_factor=space.state_factor))
+    assert plan.predicted is not None
+    assert res.iteration_ms == pytest.approx(plan.predicted["iteration_ms"], rel=1e-9)
+    assert list(res.peak_memory_bytes) == pytest.approx(plan.predicted["peak_memory_bytes"], rel=1e-9)
+    pareto = json.loads(paths["pareto"].read_text())
+    times = [p["iteration_ms"] for p in pareto["plans"]]
+    assert times == sorted(times) and times[0] == plan.predicted["iteration_ms"]
+    for name in ("report", "pareto_png", "timeline", "trace"):
+        assert paths[name].stat().st_size > 0
+
+
+def test_no_feasible_plan_names_smallest_memory(tmp_path: Path) -> None:
+    profile, space = _tiny(tmp_path, memory_limit=10, generations=2)
+    with pytest.raises(NoFeasiblePlanError, match="smallest peak memory found is .* on stage"):
+        run_search(space, profile)
+
+
+def test_lower_bound_below_exhaustive(tmp_path: Path) -> None:
+    profile, space = _tiny(tmp_path)
+    cost = CostModel(profile)
+    exact = exhaustive_optimum(cost, space)
+    assert exact is not None and lower_bound(cost, space) <= exact.iteration_ms
+
+
+@pytest.mark.parametrize(
+    "toml,match",
+    [
+        ("stages = 2\nglobal_batch = 4\nbogus = 1\n", "unknown key 'bogus'"),
+        ("stages = 2\nglobal_batch = 4\n[microbatch]\nsize = 3\n", "unknown key microbatch.size"),
+        ("stages = 0\nglobal_batch = 4\n", "stages = 0"),
+        ("stages = 2\nglobal_batch = 4\nmemory_limit = '12 parsecs'\n", "memory_limit"),
+        ("stages = 2\nglobal_batch = 4\n[schedule]\nfamily = 'zb'\n", "schedule.family"),
+        ("stages = 2\nglobal_batch = 4\n[nope]\nx = 1\n", r"unknown table \[nope\]"),
+        ("stages = 2\n", "global_batch"),
+    ],
+)
+def test_bad_spaces_name_the_key(tmp_path: Path, toml: str, match: str) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text('profile = "p.json"\n' + toml)
+    with pytest.raises(SearchSpaceError, match=match):
+        load_space(f)
+
+
+def test_parse_bytes() -> None:
+    assert parse_bytes("80GiB") == 80 * 2**30
+    assert parse_bytes("16GB") == 16e9
+    assert parse_bytes(1024) == 1024.0
