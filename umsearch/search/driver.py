@@ -20,6 +20,9 @@ from umsearch.search.encoding import Encoding
 from umsearch.search.problem import PlanProblem, SeededSampling
 from umsearch.search.space import SearchSpace
 
+MUTATION_PROB = 0.2
+MUTATION_ETA = 15.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Progress:
@@ -79,8 +82,8 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
             seeds.append(enc.encode_uniform([st.lo for st in b.plan.stages] + [profile.num_layers], b.plan.stages[0].forward[0], name))
     problem: Problem = PlanProblem(enc, cost, space.memory_limit)
     algo = NSGA2(pop_size=space.population, sampling=SeededSampling(np.array(seeds).reshape(len(seeds), enc.length)),
-                 crossover=SBX(prob=0.9, eta=10), mutation=PM(eta=15), eliminate_duplicates=True)  # fmt: skip
-    algo.setup(problem, seed=space.seed, verbose=False)
+                 crossover=SBX(prob=0.9, eta=10), mutation=PM(prob=MUTATION_PROB, eta=MUTATION_ETA), eliminate_duplicates=True)  # fmt: skip
+    algo.setup(problem, termination=("n_gen", space.generations), seed=space.seed, verbose=False)
     interrupted = False
     gen = 0
     try:
