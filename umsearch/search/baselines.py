@@ -48,6 +48,11 @@ def score(plans: list[Plan], cost: CostModel) -> list[tuple[float, tuple[float, 
     return [(float(t), tuple(float(m) for m in mem)) for t, mem in zip(res.iteration_ms, res.peak_memory_bytes, strict=True)]
 
 
+def _better(best: Scored | None, t: float, mem: tuple[float, ...], limit: float) -> bool:
+    """Whether a plan of time ``t`` and memory ``mem`` is feasible and beats ``best``."""
+    return math.isfinite(t) and max(mem) <= limit and (best is None or t < best.iteration_ms)
+
+
 def _all_cuts(L: int, S: int) -> list[list[int]]:
     return [[0, *c, L] for c in itertools.combinations(range(1, L), S - 1)]
 
@@ -94,7 +99,7 @@ def equal_baseline(cost: CostModel, space: SearchSpace, schedule: str) -> Scored
         cuts_list, method = _candidate_cuts(cost, space, split[0], m)
         plans = [uniform_plan(c, B, m, schedule) for c in cuts_list]
         for plan, (t, mem) in zip(plans, score(plans, cost), strict=True):
-            if max(mem) <= space.memory_limit and (best is None or t < best.iteration_ms):
+            if _better(best, t, mem, space.memory_limit):
                 best = Scored(name=f"{schedule} equal", plan=plan, iteration_ms=t, peak_memory_bytes=mem,
                               method=f"{method}, M={m}")  # fmt: skip
     return best
@@ -116,7 +121,7 @@ def greedy_baseline(cost: CostModel, space: SearchSpace, cuts: list[int]) -> Sco
                                  warmup=len(seqs[s]) if sched == "gpipe" else S - s) for s in range(S))  # fmt: skip
         plan = Plan(global_batch=B, stages=stages)
         (t, mem), = score([plan], cost)
-        if math.isfinite(t) and max(mem) <= space.memory_limit and (best is None or t < best.iteration_ms):
+        if _better(best, t, mem, space.memory_limit):
             best = Scored(name="local greedy", plan=plan, iteration_ms=t, peak_memory_bytes=mem, method=f"{sched} warmups")
     return best
 
@@ -135,7 +140,7 @@ def exhaustive_optimum(cost: CostModel, space: SearchSpace) -> Scored | None:
                     for s in range(S))))  # fmt: skip
     best: Scored | None = None
     for plan, (t, mem) in zip(plans, score(plans, cost), strict=True):
-        if math.isfinite(t) and max(mem) <= space.memory_limit and (best is None or t < best.iteration_ms):
+        if _better(best, t, mem, space.memory_limit):
             best = Scored(name="exhaustive", plan=plan, iteration_ms=t, peak_memory_bytes=mem, method=f"{len(plans)} plans")
     return best
 

@@ -36,15 +36,20 @@ def comparison_rows(result: SearchResult) -> list[dict[str, Any]]:
     return rows
 
 
+def _cells(row: dict[str, Any]) -> list[str]:
+    """Display cells of one comparison row: name, time, speedup, memory, method."""
+    t = "-" if row["iteration_ms"] is None else f"{row['iteration_ms']:.3f}"
+    sp = "-" if row["speedup"] is None else f"{row['speedup']:.3f}x"
+    mem = "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"])
+    return [row["name"], t, sp, mem, row["method"]]
+
+
 def comparison_table(result: SearchResult) -> Table:
     table = Table(title="plan vs baselines (same cost model)", title_justify="left")
     for col in ("plan", "iteration ms", "umsearch speedup", "peak memory", "how"):
         table.add_column(col, justify="left" if col in ("plan", "how") else "right")
     for r in comparison_rows(result):
-        t = "-" if r["iteration_ms"] is None else f"{r['iteration_ms']:.3f}"
-        sp = "-" if r["speedup"] is None else f"{r['speedup']:.3f}x"
-        mem = "-" if r["peak_memory_bytes"] is None else format_bytes(r["peak_memory_bytes"])
-        table.add_row(r["name"], t, sp, mem, r["method"])
+        table.add_row(*_cells(r))
     gap = result.best.iteration_ms / result.lower_bound_ms - 1
     table.caption = f"lower bound {result.lower_bound_ms:.3f} ms; plan is {gap:.1%} above it"
     return table
@@ -81,10 +86,7 @@ def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, ou
              f"B={space.global_batch}, memory limit {format_bytes(space.memory_limit)}, seed {space.seed}.", "",
              "| plan | iteration ms | umsearch speedup | peak memory | how |", "|---|---:|---:|---:|---|"]  # fmt: skip
     for r in rows:
-        t = "-" if r["iteration_ms"] is None else f"{r['iteration_ms']:.3f}"
-        sp = "-" if r["speedup"] is None else f"{r['speedup']:.3f}x"
-        mem = "-" if r["peak_memory_bytes"] is None else format_bytes(r["peak_memory_bytes"])
-        lines.append(f"| {r['name']} | {t} | {sp} | {mem} | {r['method']} |")
+        lines.append("| " + " | ".join(_cells(r)) + " |")
     gap = result.best.iteration_ms / result.lower_bound_ms - 1
     lines += ["", f"Lower bound {result.lower_bound_ms:.3f} ms; the plan is {gap:.1%} above it.",
               f"Search: {result.generations} generations in {result.wall_s:.1f} s"
