@@ -1,0 +1,108 @@
+"""The profiler on tiny models: real stash bytes, valid JSON, clean failures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from umsearch.errors import ProfilingError
+from umsearch.models import ModelSpec, build_model
+from umsearch.profile import profile_from_json
+from umsearch.profiler.command import profile_command
+from umsearch.profiler.measure import saved_bytes
+
+
+def test_linear_saves_its_input() -> None:
+    x = torch.randn(3, 5, requires_grad=True)
+    _, n = saved_bytes(torch.nn.Linear(5, 7), x)
+    assert n == 3 * 5 * 4
+
+
+def test_relu_saves_its_output() -> None:
+    x = torch.randn(4, 6, requires_grad=True)
+    _, n = saved_bytes(torch.nn.ReLU(), x)
+    assert n == 4 * 6 * 4
+
+
+def test_shared_storage_counted_once() -> None:
+    x = torch.randn(2, 8, requires_grad=True)
+    _, n = saved_bytes(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), x)
+    assert n == 2 * 8 * 4 * 2  # Linear's input + Tanh's output
+
+
+def test_cli_writes_valid_profile(tmp_path: Path) -> None:
+    out = tmp_path / "mlp.json"
+    res = CliRunner().invoke(profile_command, ["mlp", "--arg", "layers=2", "--arg", "width=16", "--sizes", "1,2,4",
+                                               "--repeats", "1", "--out", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    prof = profile_from_json(json.loads(out.read_text()))
+    assert prof.microbatch_sizes == (1, 2, 4) and prof.num_layers == 3
+    assert all(t > 0 for lay in prof.layers for t in lay.fwd_ms)
+    assert prof.layers[0].stash_bytes == 64 * 4 + 16 * 4  # Linear input (in=64) + Tanh output
+    assert prof.extra["model_spec"] == {"source": "mlp", "args": {"layers": 2, "width": 16}}
+
+
+def test_user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mymod_ums.py").write_text(
+        "import torch\n"
+        "def build(width=4):\n"
+        "    layers = torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Linear(width, 2))\n"
+        "    return layers, lambda b, g: (torch.randn(b, 3, generator=g), torch.randn(b, 2, generator=g))\n"
+        "def bad():\n    return 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    built = build_model(ModelSpec(source="mymod_ums:build", args={"width": 5}))
+    assert len(built.layers) == 2
+    x, y = built.make_batch(2, torch.Generator().manual_seed(0))
+    assert built.loss(built.layers[1](built.layers[0](x)), y).ndim == 0
+    with pytest.raises(ProfilingError, match="must return"):
+        build_model(ModelSpec(source="mymod_ums:bad"))
+    with pytest.raises(ProfilingError, match="has no function 'nope'"):
+        build_model(ModelSpec(source="mymod_ums:nope"))
+    with pytest.raises(ProfilingError, match="cannot import 'no_such_mod_xyz'"):
+        build_model(ModelSpec(source="no_such_mod_xyz:build"))
+    sys.modules.pop("mymod_ums", None)
+
+
+def test_unknown_zoo_and_bad_arg() -> None:
+    with pytest.raises(ProfilingError, match="unknown model 'resnet'"):
+        build_model(ModelSpec(source="resnet"))
+    with pytest.raises(ProfilingError, match="bad --arg for mlp"):
+        build_model(ModelSpec(source="mlp", args={"depth": 3}))
+
+
+@pytest.mark.parametrize("name", ["gpt", "vgg16", "mlp"])
+def test_zoo_split_batch_gradient_equals_full(name: str) -> None:
+    small = {"gpt": {"layers": 2, "width": 16, "heads": 2, "seq": 8, "vocab": 32}, "vgg16": {"width": 2}, "mlp": {"layers": 2, "width": 8}}
+    built = build_model(ModelSpec(source=name, args=small[name]), seed=1)
+    model = torch.nn.Sequential(*built.layers).double()
+    x, y = built.make_batch(6, torch.Generator().manual_seed(0))
+    if x.is_floating_point():
+        x = x.double()
+    built.loss(model(x), y).backward()
+    full = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    for lo, hi in ((0, 2), (2, 6)):
+        (built.loss(model(x[lo:hi]), y[lo:hi]) * (hi - lo) / 6).backward()
+    for a, p in zip(full, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, a, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_profile(tmp_path: Path) -> None:
+    res = CliRunner().invoke(profile_command, ["mlp", "--device", "cuda", "--sizes", "1,2", "--repeats", "1",
+                                               "--out", str(tmp_path / "p.json")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+
+
+def test_cuda_without_gpu_is_a_clear_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    res = CliRunner().invoke(profile_command, ["mlp", "--device", "cuda"])
+    assert isinstance(res.exception, ProfilingError) and "no CUDA GPU" in str(res.exception)

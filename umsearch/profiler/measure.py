@@ -1,0 +1,162 @@
+"""Measure a model layer by layer into a ``umsearch.profile/1``.
+
+Layer i is fed layer i-1's real output. Forward and backward are timed with
+warm-up runs and the median of several repeats (CUDA events on GPU,
+``perf_counter`` on CPU). Stash bytes are what autograd really saves
+(``saved_tensors_hooks``), counting each storage once and leaving out the
+layer's own parameters, which ``param_bytes`` already holds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from umsearch.errors import ProfilingError
+from umsearch.models import BuiltModel, ModelSpec
+from umsearch.profile import LayerProfile, Link, Profile
+
+Tick = Callable[[str, int], None]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def saved_bytes(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Run ``module(x)`` recording the bytes autograd saves, shared storage once, parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(x)
+    return out, sum(seen.values())
+
+
+def _as_input(x: torch.Tensor, first: bool) -> torch.Tensor:
+    x = x.detach()
+    if not first and x.is_floating_point():
+        x.requires_grad_(True)
+    return x
+
+
+def measure_layer(
+    module: torch.nn.Module, x: torch.Tensor, last: bool, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    y: torch.Tensor, device: torch.device, repeats: int, warmup: int,
+) -> tuple[float, float, torch.Tensor, int]:  # fmt: skip
+    """(forward ms, backward ms, output, stash bytes) of one layer on one microbatch."""
+    inp = _as_input(x, x.dtype in (torch.int64, torch.int32))
+
+    def fwd() -> torch.Tensor:
+        out = module(inp)
+        return loss(out, y) if last else out
+
+    f_ms = _median_ms(fwd, device, repeats, warmup)
+    out, stash = saved_bytes(module, inp)
+    if not isinstance(out, torch.Tensor):
+        raise ProfilingError(f"layer {type(module).__name__} returned {type(out).__name__}, not a tensor; "
+                             "each layer must map one tensor to one tensor")  # fmt: skip
+    grad = torch.ones_like(out)
+
+    def bwd() -> None:
+        o = fwd()
+        if last:
+            o.backward()
+        else:
+            o.backward(grad)
+
+    b_ms = max(0.0, _median_ms(bwd, device, repeats, warmup) - f_ms)
+    module.zero_grad(set_to_none=True)
+    return f_ms, b_ms, out.detach(), stash
+
+
+def profile_model(
+    built: BuiltModel, spec: ModelSpec, *, sizes: Sequence[int], device: torch.device, repeats: int,
+    warmup: int = 2, link: Link, tick: Tick | None = None,
+) -> Profile:  # fmt: skip
+    """Measure every layer at every size (sizes that run out of memory end the list)."""
+    for m in built.layers:
+        m.to(device)
+    g = torch.Generator().manual_seed(0)
+    L = len(built.layers)
+    fwd: list[list[float]] = [[] for _ in range(L)]
+    bwd: list[list[float]] = [[] for _ in range(L)]
+    out_b = [0.0] * L
+    stash_b = [0.0] * L
+    input_bytes = 0.0
+    done: list[int] = []
+    for b in sizes:
+        x, y = (t.to(device) for t in built.make_batch(b, g))
+        try:
+            row = []
+            for i, m in enumerate(built.layers):
+                row.append(measure_layer(m, x, i == L - 1, built.loss, y, device, repeats, warmup))
+                x = row[-1][2]
+                if tick:
+                    tick(built.names[i], b)
+        except torch.OutOfMemoryError:
+            break
+        except RuntimeError as exc:
+            if "out of memory" not in str(exc):
+                raise
+            break
+        done.append(b)
+        if b == 1:
+            input_bytes = float(tensor_bytes(built.make_batch(1, torch.Generator().manual_seed(0))[0]))
+        for i, (f, bw, out, stash) in enumerate(row):
+            fwd[i].append(f)
+            bwd[i].append(bw)
+            out_b[i] = tensor_bytes(out) / b
+            stash_b[i] = stash / b
+    if len(done) < 2:
+        raise ProfilingError(f"only sizes {done} fit in memory; at least 1 and 2 must run to extrapolate")
+    layers = tuple(
+        LayerProfile(name=built.names[i], fwd_ms=tuple(fwd[i]), bwd_ms=tuple(bwd[i]), out_bytes=out_b[i],
+                     stash_bytes=stash_b[i], param_bytes=float(sum(tensor_bytes(p) for p in built.layers[i].parameters())))
+        for i in range(L)
+    )  # fmt: skip
+    where = device_name(device)
+    extra = {"model_spec": spec.to_json(), "largest_size_that_fit": done[-1], "requested_sizes": list(sizes)}
+    return Profile(model=f"{spec.source} {spec.args}", device=where, dtype="float32", microbatch_sizes=tuple(done),
+                   input_bytes=input_bytes, layers=layers, link=link, extra=extra)  # fmt: skip
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    cpu = "cpu"
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {cpu}, {torch.get_num_threads()} thread(s)"
