@@ -38,7 +38,7 @@ def test_shared_storage_counted_once() -> None:
 def test_cli_writes_valid_profile(tmp_path: Path) -> None:
     out = tmp_path / "mlp.json"
     res = CliRunner().invoke(profile_command, ["mlp", "--arg", "layers=2", "--arg", "width=16", "--sizes", "1,2,4",
-                                               "--repeats", "1", "--out", str(out)])  # fmt: skip
+                                               "--repeats", "1", "--link-latency-ms", "0.1", "--link-bandwidth-gbps", "5", "--out", str(out)])  # fmt: skip
     assert res.exit_code == 0, res.output
     prof = profile_from_json(json.loads(out.read_text()))
     assert prof.microbatch_sizes == (1, 2, 4) and prof.num_layers == 3
@@ -106,3 +106,22 @@ def test_cuda_without_gpu_is_a_clear_error() -> None:
         pytest.skip("a GPU is present")
     res = CliRunner().invoke(profile_command, ["mlp", "--device", "cuda"])
     assert isinstance(res.exception, ProfilingError) and "no CUDA GPU" in str(res.exception)
+
+
+def test_fit_link_recovers_known_values() -> None:
+    from umsearch.profiler.link import fit_link
+
+    sizes = [1e3, 1e5, 1e6, 4e6]
+    times = [0.2 + n / (5.0 * 1e6) for n in sizes]  # 0.2 ms, 5 GB/s
+    lat, bw = fit_link(sizes, times)
+    assert lat == pytest.approx(0.2, rel=1e-9) and bw == pytest.approx(5.0, rel=1e-9)
+    with pytest.raises(ProfilingError, match="two different sizes"):
+        fit_link([10, 10], [1, 2])
+
+
+@pytest.mark.slow
+def test_measure_link_two_processes() -> None:
+    from umsearch.profiler.link import measure_link
+
+    lat, bw, raw = measure_link("gloo", sizes=(1 << 10, 1 << 20), repeats=3)
+    assert lat >= 0 and bw > 0 and set(raw) == {1 << 10, 1 << 20}

@@ -143,7 +143,8 @@ def profile_model(
         for i in range(L)
     )  # fmt: skip
     where = device_name(device)
-    extra = {"model_spec": spec.to_json(), "largest_size_that_fit": done[-1], "requested_sizes": list(sizes)}
+    extra = {"model_spec": spec.to_json(), "largest_size_that_fit": done[-1], "requested_sizes": list(sizes),
+             "calibration": calibrate(built, fwd, bwd, done, device, repeats, warmup)}  # fmt: skip
     return Profile(model=f"{spec.source} {spec.args}", device=where, dtype="float32", microbatch_sizes=tuple(done),
                    input_bytes=input_bytes, layers=layers, link=link, extra=extra)  # fmt: skip
 
@@ -160,3 +161,30 @@ def device_name(device: torch.device) -> str:
     except OSError:
         pass
     return f"cpu: {cpu}, {torch.get_num_threads()} thread(s)"
+
+
+def calibrate(
+    built: BuiltModel, fwd: list[list[float]], bwd: list[list[float]], sizes: Sequence[int],
+    device: torch.device, repeats: int, warmup: int,
+) -> list[dict[str, object]]:  # fmt: skip
+    """Stage-sized ranges (halves and quarters) timed end to end vs the sum of their layers."""
+    L = len(built.layers)
+    size = sizes[len(sizes) // 2]
+    k = sizes.index(size)
+    g = torch.Generator().manual_seed(1)
+    x0, y = (t.to(device) for t in built.make_batch(size, g))
+    inputs = [x0]
+    with torch.no_grad():
+        for m in built.layers:
+            inputs.append(m(inputs[-1]))
+    out = []
+    bounds = sorted({(0, L // 2), (L // 2, L), (0, L // 4), (L // 4, L // 2)} - {(0, 0)})
+    for lo, hi in bounds:
+        if hi <= lo:
+            continue
+        stage = torch.nn.Sequential(*built.layers[lo:hi])
+        f, b, _, _ = measure_layer(stage, inputs[lo], hi == L, built.loss, y, device, repeats, warmup)
+        total = sum(fwd[i][k] + bwd[i][k] for i in range(lo, hi))
+        out.append({"layers": [lo, hi], "size": size, "measured_ms": f + b, "sum_ms": total,
+                    "error": (f + b) / total - 1 if total > 0 else 0.0})  # fmt: skip
+    return out
