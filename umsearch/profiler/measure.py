@@ -44,8 +44,14 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def saved_bytes(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Run ``module(x)`` recording the bytes autograd saves, shared storage once, parameters excluded."""
+def saved_bytes(
+    module: torch.nn.Module, x: torch.Tensor, then: Callable[[torch.Tensor], object] | None = None
+) -> tuple[torch.Tensor, int]:
+    """Run ``module(x)`` recording the bytes autograd saves, shared storage once, parameters excluded.
+
+    ``then`` (the loss, on the last layer) runs on the output inside the recording: what the
+    loss saves is also kept until the last stage's backward.
+    """
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
 
@@ -57,6 +63,8 @@ def saved_bytes(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor,
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = module(x)
+        if then is not None and isinstance(out, torch.Tensor):
+            then(out)
     return out, sum(seen.values())
 
 
@@ -69,17 +77,21 @@ def _as_input(x: torch.Tensor, first: bool) -> torch.Tensor:
 
 def measure_layer(
     module: torch.nn.Module, x: torch.Tensor, last: bool, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    y: torch.Tensor, device: torch.device, repeats: int, warmup: int,
+    y: torch.Tensor, device: torch.device, repeats: int, warmup: int, *, first: bool,
 ) -> tuple[float, float, torch.Tensor, int]:  # fmt: skip
-    """(forward ms, backward ms, output, stash bytes) of one layer on one microbatch."""
-    inp = _as_input(x, x.dtype in (torch.int64, torch.int32))
+    """(forward ms, backward ms, output, stash bytes) of one layer on one microbatch.
+
+    ``first``: the layer starts the model, so (as on stage 0) its input is data and needs no
+    gradient; any other layer's floating-point input requires grad, as in a pipeline stage.
+    """
+    inp = _as_input(x, first)
 
     def fwd() -> torch.Tensor:
         out = module(inp)
         return loss(out, y) if last else out
 
     f_ms = _median_ms(fwd, device, repeats, warmup)
-    out, stash = saved_bytes(module, inp)
+    out, stash = saved_bytes(module, inp, (lambda o: loss(o, y)) if last else None)
     if not isinstance(out, torch.Tensor):
         raise ProfilingError(f"layer {type(module).__name__} returned {type(out).__name__}, not a tensor; "
                              "each layer must map one tensor to one tensor")  # fmt: skip
@@ -117,7 +129,7 @@ def profile_model(
         try:
             row = []
             for i, m in enumerate(built.layers):
-                row.append(measure_layer(m, x, i == L - 1, built.loss, y, device, repeats, warmup))
+                row.append(measure_layer(m, x, i == L - 1, built.loss, y, device, repeats, warmup, first=i == 0))
                 x = row[-1][2]
                 if tick:
                     tick(built.names[i], b)
@@ -183,7 +195,7 @@ def calibrate(
         if hi <= lo:
             continue
         stage = torch.nn.Sequential(*built.layers[lo:hi])
-        f, b, _, _ = measure_layer(stage, inputs[lo], hi == L, built.loss, y, device, repeats, warmup)
+        f, b, _, _ = measure_layer(stage, inputs[lo], hi == L, built.loss, y, device, repeats, warmup, first=lo == 0)
         total = sum(fwd[i][k] + bwd[i][k] for i in range(lo, hi))
         out.append({"layers": [lo, hi], "size": size, "measured_ms": f + b, "sum_ms": total,
                     "error": (f + b) / total - 1 if total > 0 else 0.0})  # fmt: skip
