@@ -1,0 +1,209 @@
+"""A tiny float64 model and a single-process reference gradient for the runtime tests."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from umsearch.plan import Plan, StagePlan
+
+WIDTH = 6
+IN = 5
+OUT = 3
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """Linear/Tanh layers on float64, MSE loss: every sample independent, so splits are exact."""
+
+    layers: list[torch.nn.Module]
+    make_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _batch(b: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.randn(b, IN, generator=g, dtype=torch.float64),
+            torch.randn(b, OUT, generator=g, dtype=torch.float64))  # fmt: skip
+
+
+def tiny_model(num_layers: int = 6, seed: int = 0) -> TinyModel:
+    """``num_layers`` layers: Linear+Tanh blocks, the last a plain Linear."""
+    torch.manual_seed(seed)
+    dims = [IN] + [WIDTH] * (num_layers - 1) + [OUT]
+    layers: list[torch.nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims, dims[1:], strict=False)):
+        lin = torch.nn.Linear(a, b).double()
+        layers.append(lin if i == num_layers - 1 else torch.nn.Sequential(lin, torch.nn.Tanh()))
+    return TinyModel(layers, _batch, torch.nn.functional.mse_loss)
+
+
+def reference_grads(model: TinyModel, batch: int, batch_seed: int) -> dict[str, torch.Tensor]:
+    """Full-batch mean-loss gradients in one process, named like the runtime names them."""
+    net = torch.nn.Sequential(*model.layers)
+    x, y = model.make_batch(batch, torch.Generator().manual_seed(batch_seed))
+    net.zero_grad()
+    model.loss(net(x), y).backward()
+    return {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
+
+
+def stages(*specs: tuple[tuple[int, int], Sequence[int], Sequence[int] | None, int]) -> tuple[StagePlan, ...]:
+    """Stage plans from ``(layers, forward, backward or None, warmup)``; recompute when backward is given."""
+    return tuple(
+        StagePlan(layers=lay, forward=tuple(fwd), backward=tuple(bwd if bwd is not None else fwd),
+                  warmup=w, recompute=bwd is not None)
+        for lay, fwd, bwd, w in specs
+    )  # fmt: skip
+
+
+def plan_of(batch: int, *specs: tuple[tuple[int, int], Sequence[int], Sequence[int] | None, int]) -> Plan:
+    return Plan(global_batch=batch, stages=stages(*specs))
+
+
+class _Done:
+    """A send that completed when it was posted (the queue holds a copy)."""
+
+    def wait(self) -> None:
+        return None
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class _Pending:
+    def __init__(self, q: queue.Queue[torch.Tensor], buffer: torch.Tensor) -> None:
+        self.q, self.buffer, self.done = q, buffer, False
+
+    def wait(self) -> None:
+        if not self.done:
+            self.buffer.copy_(self.q.get(timeout=30))
+            self.done = True
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+class QueueHub:
+    """In-process stand-in for torch.distributed: one queue per (link, direction, tag)."""
+
+    def __init__(self, num_stages: int) -> None:
+        self.queues: dict[tuple[int, int, int], queue.Queue[torch.Tensor]] = {}
+        self.lock = threading.Lock()
+        self.barrier = threading.Barrier(num_stages)
+
+    def channel(self, src: int, dst: int, tag: int) -> queue.Queue[torch.Tensor]:
+        with self.lock:
+            return self.queues.setdefault((src, dst, tag), queue.Queue())
+
+    def comm(self, stage: int) -> QueueComm:
+        return QueueComm(self, stage)
+
+
+class QueueComm:
+    """The :class:`umsearch.runtime.comm.Comm` of one stage on a :class:`QueueHub`."""
+
+    def __init__(self, hub: QueueHub, stage: int) -> None:
+        self.hub, self.stage = hub, stage
+        self.sent: list[tuple[str, int, tuple[int, ...]]] = []
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def _peer(self, peer: str) -> int:
+        return self.stage + (1 if peer == "next" else -1)
+
+    def isend(self, peer: str, tensor: torch.Tensor, tag: int) -> _Done:
+        self.sent.append((peer, tag, tuple(tensor.shape)))
+        self.hub.channel(self.stage, self._peer(peer), tag).put(tensor.detach().clone())
+        return _Done()
+
+    def irecv(self, peer: str, buffer: torch.Tensor, tag: int) -> _Pending:
+        return _Pending(self.hub.channel(self._peer(peer), self.stage, tag), buffer)
+
+    def barrier(self) -> None:
+        self.hub.barrier.wait(timeout=30)
+
+
+def run_threaded(plan: Plan, model: TinyModel, batch_seed: int, steps: int = 1,
+                 lr: float | None = None) -> tuple[dict[str, torch.Tensor], list[float | None], list[QueueComm]]:  # fmt: skip
+    """Run ``plan`` with one thread per stage on queues; (grads, losses per step, comms)."""
+    from umsearch.runtime.executor import StageExecutor
+    from umsearch.runtime.model import stage_module
+
+    S = plan.num_stages
+    hub = QueueHub(S)
+    comms = [hub.comm(s) for s in range(S)]
+    grads: dict[str, torch.Tensor] = {}
+    losses: list[float | None] = [None] * steps
+    errors: list[BaseException] = []
+
+    def body(s: int) -> None:
+        try:
+            st = plan.stages[s]
+            module = stage_module(model, st.lo, st.hi)
+            opt = torch.optim.SGD(module.parameters(), lr=lr) if lr is not None else None
+            ex = StageExecutor(plan, s, module, model.loss, comms[s], optimizer=opt)
+            for step in range(steps):
+                x, y = model.make_batch(plan.global_batch, torch.Generator().manual_seed(batch_seed + step))
+                stats = ex.run_iteration(x if s == 0 else None, y if s == S - 1 else None)
+                if s == S - 1:
+                    losses[step] = stats.loss
+            grads.update({n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None})
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the test below
+            errors.append(exc)
+            hub.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(s,)) for s in range(S)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return grads, losses, comms
+
+
+def multi_plan_worker(rank: int, world: int, plans_json: list[dict[str, Any]], factory: Any,
+                      cfg: Any) -> list[Any]:  # fmt: skip
+    """Launcher target running several plans in one set of processes (saves start-up time)."""
+    from umsearch.runtime.worker import stage_worker
+
+    return [stage_worker(rank, world, pj, factory, cfg) for pj in plans_json]
+
+
+def failing_worker(rank: int, world: int, bad_rank: int) -> int:
+    """Rank ``bad_rank`` fails at once; the others wait for a message it never sends."""
+    import torch.distributed as dist
+
+    if rank == bad_rank:
+        raise ValueError(f"boom on rank {rank}")
+    buf = torch.zeros(1)
+    dist.recv(buf, src=bad_rank)
+    return rank
+
+
+def sleeping_worker(rank: int, world: int, seconds: float) -> int:
+    """Every rank sleeps (a stand-in for a stuck pipeline)."""
+    import time
+
+    time.sleep(seconds)
+    return rank
+
+
+MLP_SPEC: dict[str, Any] = {"source": "mlp", "args": {"width": 16}}
+"""A small zoo model for the end-to-end tests; its layer count comes from the zoo itself."""
+
+
+def zoo_two_stage_plan(spec: dict[str, Any] = MLP_SPEC, batch: int = 8) -> Plan:
+    """A 2-stage plan with unequal microbatches over the whole of ``spec``'s layers."""
+    from umsearch.models import ModelSpec, build_model
+
+    L = len(build_model(ModelSpec.from_json(spec)).layers)
+    cut = L // 2
+    return Plan(global_batch=batch, stages=stages(((0, cut), [2, batch - 2], None, 2), ((cut, L), [4, batch - 4], None, 1)),
+                meta={"model": spec})  # fmt: skip
