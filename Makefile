@@ -28,6 +28,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m umsearch.bench
+	$(BIN)/python -m umsearch.bench_runtime
 
 lint: $(STAMP)
 	$(BIN)/ruff check umsearch tests
