@@ -11,16 +11,17 @@ from umsearch.cost_model import CostModel
 from umsearch.errors import NoFeasiblePlanError, SearchSpaceError
 from umsearch.plan import load_plan
 from umsearch.profile import load_profile, save_profile
-from umsearch.search.baselines import exhaustive_optimum, lower_bound
-from umsearch.search.driver import run_search
+from umsearch.search.bound import lower_bound
+from umsearch.search.driver import Progress, run_search
+from umsearch.search.exhaustive import exhaustive_optimum
 from umsearch.search.report import write_outputs
 from umsearch.search.space import build_space, load_space, parse_bytes
 from umsearch.simulator import simulate
 from umsearch.workloads import simnet_profile
 
 
-def _tiny(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
-    profile = simnet_profile(layers=4, seed=3)
+def _tiny(tmp_path: Path, seed: int = 3, **kw: object):  # type: ignore[no-untyped-def]
+    profile = simnet_profile(layers=4, seed=seed)
     path = tmp_path / "tiny.json"
     save_profile(profile, path)
     values = {"profile": str(path), "stages": 2, "global_batch": 6, "max_microbatch": 6, "population": 40,
@@ -28,14 +29,18 @@ def _tiny(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
     return profile, build_space(values)
 
 
-def test_tiny_search_matches_exhaustive_optimum(tmp_path: Path) -> None:
-    profile, space = _tiny(tmp_path)
+# Seed 4: the optimum is the unequal (1, 3, 2) on both stages; seed 9: (6,) on one stage, (2, 2, 2) on the other.
+@pytest.mark.parametrize("profile_seed", [4, 9])
+def test_tiny_search_matches_exhaustive_optimum(tmp_path: Path, profile_seed: int) -> None:
+    profile, space = _tiny(tmp_path, seed=profile_seed)
     cost = CostModel(profile, state_factor=space.state_factor)
     exact = exhaustive_optimum(cost, space)
     assert exact is not None
     found = run_search(space, profile)
     assert found.best.iteration_ms <= exact.iteration_ms * 1.01
     assert found.lower_bound_ms <= found.best.iteration_ms
+    equal = min(b.iteration_ms for k, b in found.baselines.items() if b is not None and k != "greedy")
+    assert found.best.iteration_ms < equal  # unequal microbatches pay off here
 
 
 def test_never_slower_than_baselines_and_deterministic(tmp_path: Path) -> None:
@@ -76,6 +81,30 @@ def test_lower_bound_below_exhaustive(tmp_path: Path) -> None:
     cost = CostModel(profile)
     exact = exhaustive_optimum(cost, space)
     assert exact is not None and lower_bound(cost, space) <= exact.iteration_ms
+
+
+def test_ctrl_c_keeps_the_best_so_far(tmp_path: Path) -> None:
+    profile, space = _tiny(tmp_path, global_batch=16, max_microbatch=16, generations=30)
+    seen: list[Progress] = []
+
+    def stop_at_gen_3(p: Progress) -> None:
+        seen.append(p)
+        if p.generation == 3:
+            raise KeyboardInterrupt
+
+    res = run_search(space, profile, stop_at_gen_3)
+    assert res.interrupted and res.generations == 3  # the third finished; its report was interrupted
+    assert [p.phase for p in seen][:2] == ["baselines", "nsga2"]
+    for base in res.baselines.values():
+        if base is not None:
+            assert res.best.iteration_ms <= base.iteration_ms
+
+
+def test_time_budget_stops_and_says_so(tmp_path: Path) -> None:
+    profile, space = _tiny(tmp_path, global_batch=16, max_microbatch=16, generations=10_000, time_budget_s=0.5)
+    res = run_search(space, profile)
+    assert res.budget_hit and res.generations < 10_000
+    assert res.best.iteration_ms <= min(b.iteration_ms for b in res.baselines.values() if b is not None)
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,14 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from umsearch.console import console
+from umsearch.cost_model import CostModel
 from umsearch.profile import load_profile
 from umsearch.search.driver import Progress as SearchProgress
 from umsearch.search.driver import run_search
 from umsearch.search.report import comparison_rows, comparison_table, write_outputs
 from umsearch.search.space import build_space, load_space
+from umsearch.simulator import simulate
+from umsearch.tables import stage_table
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.toml"
 
@@ -43,8 +46,10 @@ def search_command(space_path: str | None, out: str | None, as_json: bool, quiet
         task = bar.add_task("search", total=space.generations, info="baselines...")
 
         def show(p: SearchProgress) -> None:
+            best = "-" if p.best_ms == float("inf") else f"{p.best_ms:.3f} ms"
             bar.update(task, completed=p.generation,
-                       info=f"gen {p.generation}  best {p.best_ms:.3f} ms  feasible {p.feasible}")  # fmt: skip
+                       info=f"{p.phase}  gen {p.generation}  best {best}  feasible {p.feasible}  "
+                            f"plans scored {p.evaluations}")  # fmt: skip
 
         result = run_search(space, profile, show)
     target = Path(out) if out else Path("results") / space.name
@@ -53,10 +58,15 @@ def search_command(space_path: str | None, out: str | None, as_json: bool, quiet
         click.echo(json.dumps({
             "iteration_ms": result.best.iteration_ms, "peak_memory_bytes": list(result.best.peak_memory_bytes),
             "lower_bound_ms": result.lower_bound_ms, "baselines": comparison_rows(result)[1:],
-            "out": str(target), "interrupted": result.interrupted,
+            "out": str(target), "interrupted": result.interrupted, "budget_hit": result.budget_hit,
         }))  # fmt: skip
         return
+    console.print(stage_table(result.best.plan, simulate(result.best.plan, CostModel(profile, state_factor=space.state_factor)),
+                              [lay.name for lay in profile.layers]))  # fmt: skip
     console.print(comparison_table(result))
     if result.interrupted:
         console.print("[yellow]interrupted: wrote the best plans found so far[/]")
+    if result.budget_hit:
+        console.print(f"[yellow]time budget of {space.time_budget_s:g} s reached: the result may differ between "
+                      "runs; raise [search] time_budget_s for a reproducible one[/]")  # fmt: skip
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}")

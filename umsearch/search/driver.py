@@ -1,4 +1,4 @@
-"""Run one search: baselines, NSGA-II, the chosen plan and its Pareto front."""
+"""Run one search: baselines, NSGA-II over plan genomes, local polish, the chosen plan and its front."""
 
 from __future__ import annotations
 
@@ -9,26 +9,44 @@ from dataclasses import dataclass
 
 import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
-from pymoo.core.problem import Problem
-from pymoo.operators.crossover.sbx import SBX
-from pymoo.operators.mutation.pm import PM
 
 from umsearch.cost_model import CostModel
+from umsearch.errors import NoFeasiblePlanError
+from umsearch.plan import Plan
 from umsearch.profile import Profile
-from umsearch.search.baselines import Scored, equal_baseline, greedy_baseline, lower_bound, score
-from umsearch.search.encoding import GENES_PER_STAGE, Encoding
-from umsearch.search.problem import PlanProblem, SeededSampling
+from umsearch.search.baselines import bottleneck_cuts, equal_plans, greedy_baseline, range_costs
+from umsearch.search.bound import lower_bound
+from umsearch.search.genome import Rules, cuts_of
+from umsearch.search.local import Step, iterated_climb
+from umsearch.search.operators import (
+    PlanCrossover,
+    PlanDuplicates,
+    PlanMutation,
+    PlanRepair,
+    PlanSampling,
+)
+from umsearch.search.problem import PlanProblem
+from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
 
-MUTATION_PROB = 0.2
-MUTATION_ETA = 15.0
+CLIMB_STARTS = 3
+"""Local search starts from this many of the fastest distinct plans NSGA-II found."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Progress:
+    """What the search reports as it goes."""
+
+    phase: str
+    """``baselines``, ``nsga2`` or ``polish``."""
     generation: int
+    """NSGA-II generations done."""
     best_ms: float
+    """Fastest feasible iteration time so far (inf while none)."""
     feasible: int
+    """Feasible plans in the current population."""
+    evaluations: int
+    """Plans scored so far."""
     elapsed_s: float
 
 
@@ -42,13 +60,16 @@ class SearchResult:
     """Each baseline, None where none fits the memory limit."""
     lower_bound_ms: float
     generations: int
+    evaluations: int
     wall_s: float
     interrupted: bool
-    smallest_memory: tuple[float, int] | None
-    """When nothing fits: the least peak memory seen and the stage holding it."""
+    """Ctrl-C stopped the search early."""
+    budget_hit: bool
+    """The time budget stopped the search early (the result then depends on machine speed)."""
 
 
 def _front(items: list[Scored]) -> list[Scored]:
+    """Non-dominated items (time, memory), fastest first; the first of equal plans kept."""
     items = sorted(items, key=lambda s: (s.iteration_ms, s.max_memory))
     out: list[Scored] = []
     for it in items:
@@ -57,104 +78,124 @@ def _front(items: list[Scored]) -> list[Scored]:
     return out
 
 
-def _best_feasible(problem: Problem, X: np.ndarray) -> tuple[int, float]:
-    out = problem.evaluate(X, return_as_dictionary=True)
-    t = np.where(np.all(out["G"] <= 0, axis=1), out["F"][:, 0], np.inf)
-    i = int(np.argmin(t))
-    return i, float(t[i])
+def _anchors(cost: CostModel, space: SearchSpace, baselines: dict[str, Scored | None]) -> list[list[int]]:
+    """Cut vectors to sample around: the baselines' and the balanced cuts at a few microbatch sizes."""
+    out = [cuts_of(b.plan) for b in baselines.values() if b is not None]
+    B = space.global_batch
+    for b in sorted({space.microbatch_sizes[0], space.microbatch_sizes[len(space.microbatch_sizes) // 2],
+                     space.microbatch_sizes[-1]}):  # fmt: skip
+        out.append(bottleneck_cuts(cost, space.stages, range_costs(cost, b, B / b)))
+    unique: list[list[int]] = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique
 
 
-def polish(problem: Problem, enc: Encoding, X: np.ndarray, sweeps: int = 3) -> np.ndarray:
-    """Coordinate descent on the fastest feasible genome, one stage's genes at a time.
+def _no_fit(plans: list[Plan], score: Scorer, limit: float) -> NoFeasiblePlanError:
+    """The error for a search where nothing fits, naming the least memory seen and its stage."""
+    where = ""
+    if plans:
+        sc = score(plans)
+        live = np.flatnonzero(~sc.deadlock)
+        if len(live):
+            i = int(live[np.argmin(sc.max_memory[live])])
+            where = f"; the smallest peak memory found is {sc.max_memory[i]:.0f} bytes, on stage {int(np.argmax(sc.memory[i]))}"
+    return NoFeasiblePlanError(f"no plan fits memory_limit = {limit:.0f} bytes{where}; "
+                               "raise the limit, add stages or allow recompute")  # fmt: skip
 
-    NSGA-II finds the region; this tries, per stage, every microbatch size with a
-    few head sizes and warmups (one batch evaluation per stage), keeping any gain.
+
+def _baselines(cost: CostModel, space: SearchSpace) -> tuple[dict[str, Scored | None], list[Plan]]:
+    """The baselines, and the plans to seed NSGA-II with.
+
+    Seeds are the baselines of the allowed families, then the fastest equal
+    plans of other microbatch counts: distinct basins for the search to start from.
     """
-    i, best_t = _best_feasible(problem, X)
-    if not np.isfinite(best_t):
-        return X[:0]
-    x = X[i].copy()
-    grid = (np.arange(len(enc.sizes)) + 0.5) / len(enc.sizes)
-    heads = np.array([0.25, 0.5, 0.75, 1.0 - 1e-9])
-    warms = np.array([0.0, 0.5, 1.0 - 1e-9])
-    for _ in range(sweeps):
-        improved = False
-        for s in range(enc.stages):
-            o = enc.stages - 1 + GENES_PER_STAGE * s
-            combos = np.array(np.meshgrid(grid, heads, warms, indexing="ij")).reshape(3, -1).T
-            cand = np.repeat(x[None, :], len(combos), axis=0)
-            cand[:, o : o + 3] = combos
-            j, t = _best_feasible(problem, cand)
-            if t < best_t * (1 - 1e-12):
-                x, best_t, improved = cand[j], t, True
-        if not improved:
-            break
-    return x[None, :]
+    equal = {name: equal_plans(cost, space, name) for name in ("gpipe", "1f1b")}
+    baselines: dict[str, Scored | None] = {
+        name: min(plans, key=lambda s: s.iteration_ms, default=None) for name, plans in equal.items()
+    }
+    ref = baselines["gpipe"] or baselines["1f1b"]
+    cuts = cuts_of(ref.plan) if ref else list(np.linspace(0, cost.num_layers, space.stages + 1).astype(int))
+    baselines["greedy"] = greedy_baseline(cost, space, cuts)
+    seeds = [b.plan for name, b in baselines.items() if b is not None and space.schedule in ("any", name)]
+    others = sorted((s for name, ps in equal.items() if space.schedule in ("any", name) for s in ps),
+                    key=lambda s: s.iteration_ms)  # fmt: skip
+    seeds += [s.plan for s in others if s.plan not in seeds][: max(0, space.population // 4 - len(seeds))]
+    return baselines, seeds
+
+
+def _climb_starts(plans: list[Plan], score: Scorer, limit: float) -> list[Scored]:
+    """The fastest distinct feasible plans, at most :data:`CLIMB_STARTS`."""
+    starts: list[Scored] = []
+    for s in sorted(score.feasible(plans, limit), key=lambda s: (s.iteration_ms, s.max_memory)):
+        if len(starts) < CLIMB_STARTS and all(s.plan != t.plan for t in starts):
+            starts.append(s)
+    return starts
 
 
 def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
-    """Search ``space``; Ctrl-C stops early and still returns the best found."""
-    start = time.perf_counter()
-    cost = CostModel(profile, state_factor=space.state_factor, b_max=space.global_batch)
-    if space.stages > profile.num_layers:
-        from umsearch.errors import SearchSpaceError
+    """Search ``space``; Ctrl-C stops early and still returns the best found.
 
-        raise SearchSpaceError(f"stages = {space.stages} but the profile has only {profile.num_layers} layers; use at most {profile.num_layers}")
-    baselines: dict[str, Scored | None] = {
-        "gpipe": equal_baseline(cost, space, "gpipe"),
-        "1f1b": equal_baseline(cost, space, "1f1b"),
-    }
-    ref = baselines["gpipe"] or baselines["1f1b"]
-    cuts = [st.lo for st in ref.plan.stages] + [profile.num_layers] if ref else list(np.linspace(0, profile.num_layers, space.stages + 1).astype(int))
-    baselines["greedy"] = greedy_baseline(cost, space, cuts)
-    enc = Encoding(num_layers=profile.num_layers, stages=space.stages, batch=space.global_batch,
-                   sizes=tuple(space.microbatch_sizes), max_count=space.max_microbatches,
-                   schedule=space.schedule, recompute=space.recompute)  # fmt: skip
-    seeds = []
-    for name in ("gpipe", "1f1b"):
-        b = baselines[name]
-        if b is not None and space.schedule in ("any", name):
-            seeds.append(enc.encode_uniform([st.lo for st in b.plan.stages] + [profile.num_layers], b.plan.stages[0].forward[0], name))
-    problem: Problem = PlanProblem(enc, cost, space.memory_limit)
-    algo = NSGA2(pop_size=space.population, sampling=SeededSampling(np.array(seeds).reshape(len(seeds), enc.length)),
-                 crossover=SBX(prob=0.9, eta=10), mutation=PM(prob=MUTATION_PROB, eta=MUTATION_ETA), eliminate_duplicates=True)  # fmt: skip
-    algo.setup(problem, termination=("n_gen", space.generations), seed=space.seed, verbose=False)
-    interrupted = False
+    Baselines, then NSGA-II from a population seeded with them, then an
+    iterated local search from the fastest distinct plans found. Deterministic
+    for a seed unless the time budget cuts the search short (``budget_hit``).
+    """
+    start = time.perf_counter()
+    deadline = start + space.time_budget_s
+    rules = Rules.of(space, profile.num_layers)
+    cost = CostModel(profile, state_factor=space.state_factor, b_max=space.global_batch)
+    limit = space.memory_limit
+    score = Scorer(cost)
     gen = 0
+    best_ms = math.inf
+
+    def report(phase: str, feasible: int = 0) -> None:
+        if on_progress is not None:
+            on_progress(Progress(phase=phase, generation=gen, best_ms=best_ms, feasible=feasible,
+                                 evaluations=score.count, elapsed_s=time.perf_counter() - start))  # fmt: skip
+
+    report("baselines")
+    baselines, seeds = _baselines(cost, space)
+    algo = NSGA2(pop_size=space.population, sampling=PlanSampling(rules, seeds, _anchors(cost, space, baselines)),
+                 crossover=PlanCrossover(rules), mutation=PlanMutation(rules), repair=PlanRepair(rules),
+                 eliminate_duplicates=PlanDuplicates())  # fmt: skip
+    algo.setup(PlanProblem(score, limit), termination=("n_gen", space.generations), seed=space.seed, verbose=False)
+    found: list[Plan] = []
+    interrupted = budget_hit = False
     try:
-        while algo.has_next() and gen < space.generations:
+        while gen < space.generations:
+            if budget_hit := time.perf_counter() > deadline:
+                break
             algo.next()
             gen += 1
             F, G = algo.pop.get("F"), algo.pop.get("G")
             ok = np.all(G <= 0, axis=1)
-            if on_progress is not None:
-                on_progress(Progress(generation=gen, best_ms=float(F[ok, 0].min()) if ok.any() else math.inf,
-                                     feasible=int(ok.sum()), elapsed_s=time.perf_counter() - start))  # fmt: skip
-            if time.perf_counter() - start > space.time_budget_s:
-                break
+            best_ms = float(F[ok, 0].min()) if ok.any() else math.inf
+            report("nsga2", int(ok.sum()))
+        found = [row[0] for row in algo.pop.get("X")]
+        rng = np.random.default_rng(space.seed)
+
+        def accepted(step: Step) -> None:
+            nonlocal best_ms
+            found.append(step.plan)  # kept at once, so Ctrl-C during the polish loses nothing
+            best_ms = min(best_ms, step.iteration_ms)
+            report("polish")
+
+        for s in _climb_starts(found, score, limit):
+            iterated_climb(Step(plan=s.plan, iteration_ms=s.iteration_ms, peak_memory_bytes=s.peak_memory_bytes),
+                           score, rules, limit, rng, deadline=deadline, on_step=accepted)  # fmt: skip
+        budget_hit = time.perf_counter() > deadline  # climbs stop at the deadline too
     except KeyboardInterrupt:
         interrupted = True
-    X = algo.pop.get("X") if algo.pop is not None else np.empty((0, enc.length))
-    if len(X) and not interrupted:
-        X = np.vstack([X, polish(problem, enc, X)])
-    candidates = [enc.decode(x) for x in X]
-    scored = []
-    least: tuple[float, int] | None = None
-    if candidates:
-        for plan, (t, mem) in zip(candidates, score(candidates, cost), strict=True):
-            if math.isfinite(t):
-                if least is None or max(mem) < least[0]:
-                    least = (max(mem), int(np.argmax(mem)))
-                if max(mem) <= space.memory_limit:
-                    scored.append(Scored(name="umsearch", plan=plan, iteration_ms=t, peak_memory_bytes=mem))
+        if not found and algo.pop is not None:
+            found = [row[0] for row in algo.pop.get("X")]
+    scored = score.feasible(found, limit)
     scored += [Scored(name="umsearch", plan=b.plan, iteration_ms=b.iteration_ms, peak_memory_bytes=b.peak_memory_bytes)
                for b in baselines.values() if b is not None]  # fmt: skip
     pareto = _front(scored)
     if not pareto:
-        from umsearch.errors import NoFeasiblePlanError
-
-        where = f"; the smallest peak memory found is {least[0]:.0f} bytes, on stage {least[1]}" if least else ""
-        raise NoFeasiblePlanError(f"no plan fits memory_limit = {space.memory_limit:.0f} bytes{where}; raise the limit, add stages or allow recompute")
+        raise _no_fit(found or seeds, score, limit)
     return SearchResult(best=pareto[0], pareto=pareto, baselines=baselines, lower_bound_ms=lower_bound(cost, space),
-                        generations=gen, wall_s=time.perf_counter() - start, interrupted=interrupted,
-                        smallest_memory=least)  # fmt: skip
+                        generations=gen, evaluations=score.count, wall_s=time.perf_counter() - start,
+                        interrupted=interrupted, budget_hit=budget_hit)  # fmt: skip

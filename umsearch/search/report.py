@@ -11,10 +11,10 @@ from umsearch.cost_model import CostModel
 from umsearch.jsonio import write_json, write_text_atomic
 from umsearch.plan import Plan, save_plan
 from umsearch.profile import Profile, file_sha256
-from umsearch.search.baselines import Scored
 from umsearch.search.driver import SearchResult
+from umsearch.search.scoring import Scored
 from umsearch.search.space import SearchSpace
-from umsearch.simulator import simulate
+from umsearch.simulator import SimResult, simulate
 from umsearch.tables import format_bytes
 from umsearch.viz import write_chrome_trace, write_gantt, write_pareto
 
@@ -25,7 +25,7 @@ BASELINES_SCHEMA = "umsearch.baselines/1"
 def comparison_rows(result: SearchResult) -> list[dict[str, Any]]:
     """The plan and each baseline: time, speedup of the plan over it, memory."""
     rows = [{"name": "umsearch", "iteration_ms": result.best.iteration_ms, "speedup": 1.0,
-             "peak_memory_bytes": result.best.max_memory, "method": "NSGA-II"}]  # fmt: skip
+             "peak_memory_bytes": result.best.max_memory, "method": "NSGA-II + local search"}]  # fmt: skip
     for name, b in result.baselines.items():
         rows.append({
             "name": name, "method": b.method if b else "no plan fits the memory limit",
@@ -55,8 +55,7 @@ def comparison_table(result: SearchResult) -> Table:
     return table
 
 
-def _plan_with_meta(s: Scored, space: SearchSpace, profile: Profile, profile_path: Path, cost: CostModel) -> Plan:
-    res = simulate(s.plan, cost)
+def _plan_with_meta(s: Scored, space: SearchSpace, profile: Profile, profile_path: Path, res: SimResult) -> Plan:
     meta: dict[str, Any] = {"profile_sha256": file_sha256(profile_path), "search_space": space.to_json(),
                             "seed": space.seed, "state_factor": space.state_factor}  # fmt: skip
     if "model_spec" in profile.extra:
@@ -69,7 +68,8 @@ def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, ou
     """Write every output file under ``out``; returns name -> path."""
     profile_path = Path(space.profile)
     cost = CostModel(profile, state_factor=space.state_factor)
-    plan = _plan_with_meta(result.best, space, profile, profile_path, cost)
+    sim = simulate(result.best.plan, cost)
+    plan = _plan_with_meta(result.best, space, profile, profile_path, sim)
     paths = {"plan": save_plan(plan, out / "plan.json")}
     paths["pareto"] = write_json(out / "pareto.json", {
         "schema": PARETO_SCHEMA,
@@ -89,14 +89,14 @@ def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, ou
         lines.append("| " + " | ".join(_cells(r)) + " |")
     gap = result.best.iteration_ms / result.lower_bound_ms - 1
     lines += ["", f"Lower bound {result.lower_bound_ms:.3f} ms; the plan is {gap:.1%} above it.",
-              f"Search: {result.generations} generations in {result.wall_s:.1f} s"
-              + (" (interrupted)" if result.interrupted else "") + "."]  # fmt: skip
+              f"Search: {result.generations} NSGA-II generations and local polish, {result.evaluations} plans "
+              f"scored in {result.wall_s:.1f} s" + (" (interrupted)" if result.interrupted else "")
+              + (" (stopped by the time budget)" if result.budget_hit else "") + "."]  # fmt: skip
     paths["report"] = write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
     front = [(s.iteration_ms, s.max_memory) for s in result.pareto]
     marks = {k: (v.iteration_ms, v.max_memory) for k, v in result.baselines.items() if v is not None}
     paths["pareto_png"] = write_pareto(front, marks, out / "pareto.png", memory_limit=space.memory_limit,
                                        chosen=front[0], title=f"{space.name}: time vs memory")  # fmt: skip
-    sim = simulate(plan, cost)
     paths["timeline"] = write_gantt(sim.ops, plan.num_stages, out / "timeline.png",
                                     title=f"{space.name}: predicted {sim.iteration_ms:.2f} ms")  # fmt: skip
     paths["trace"] = write_chrome_trace(sim.ops, out / "trace.json", source="predicted")
