@@ -7,7 +7,7 @@ import numpy as np
 from umsearch.cost_model import CostModel
 from umsearch.plan import uniform_plan
 from umsearch.search.genome import Rules
-from umsearch.search.local import Step, climb, iterated_climb
+from umsearch.search.local import ClimbConfig, Step, climb, iterated_climb
 from umsearch.search.scoring import Scorer
 from umsearch.simulator import simulate
 from umsearch.workloads import simnet_profile
@@ -27,7 +27,7 @@ def test_climb_improves_and_every_step_is_real() -> None:
     cost = CostModel(simnet_profile(layers=12, seed=2), b_max=48)
     start = _start(cost)
     limit = 2 * max(start.peak_memory_bytes)
-    path = iterated_climb(start, Scorer(cost), RULES, limit, np.random.default_rng(0), kicks=3)
+    path = iterated_climb(start, Scorer(cost), RULES, limit, np.random.default_rng(0), ClimbConfig(kicks=3))
     times = [s.iteration_ms for s in path]
     assert path[0] == start and len(path) > 1
     assert all(b < a for a, b in zip(times, times[1:], strict=False))
@@ -48,6 +48,6 @@ def test_climb_respects_a_tight_memory_limit() -> None:
 def test_same_seed_same_path() -> None:
     cost = CostModel(simnet_profile(layers=12, seed=2), b_max=48)
     start = _start(cost)
-    a = iterated_climb(start, Scorer(cost), RULES, 1e30, np.random.default_rng(5), kicks=2)
-    b = iterated_climb(start, Scorer(cost), RULES, 1e30, np.random.default_rng(5), kicks=2)
+    a = iterated_climb(start, Scorer(cost), RULES, 1e30, np.random.default_rng(5), ClimbConfig(kicks=2))
+    b = iterated_climb(start, Scorer(cost), RULES, 1e30, np.random.default_rng(5), ClimbConfig(kicks=2))
     assert [s.plan for s in a] == [s.plan for s in b]

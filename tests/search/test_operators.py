@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pymoo.core.population import Population
 
-from tests.search.test_genome import assert_obeys, rules_st
+from tests.search.helpers import assert_obeys, rules_st
 from tests.strategies import partitions
 from umsearch.plan import Plan, uniform_plan
 from umsearch.search.genome import Rules

@@ -17,7 +17,7 @@ from umsearch.profile import Profile
 from umsearch.search.baselines import bottleneck_cuts, equal_plans, greedy_baseline, range_costs
 from umsearch.search.bound import lower_bound
 from umsearch.search.genome import Rules, cuts_of
-from umsearch.search.local import Step, iterated_climb
+from umsearch.search.local import ClimbConfig, Step, iterated_climb
 from umsearch.search.operators import (
     PlanCrossover,
     PlanDuplicates,
@@ -29,8 +29,8 @@ from umsearch.search.problem import PlanProblem
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
 
-CLIMB_STARTS = 3
-"""Local search starts from this many of the fastest distinct plans NSGA-II found."""
+POLISH = ClimbConfig()
+"""The local search's effort (see :class:`~umsearch.search.local.ClimbConfig`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,10 +126,10 @@ def _baselines(cost: CostModel, space: SearchSpace) -> tuple[dict[str, Scored | 
 
 
 def _climb_starts(plans: list[Plan], score: Scorer, limit: float) -> list[Scored]:
-    """The fastest distinct feasible plans, at most :data:`CLIMB_STARTS`."""
+    """The fastest distinct feasible plans, at most ``POLISH.starts``."""
     starts: list[Scored] = []
     for s in sorted(score.feasible(plans, limit), key=lambda s: (s.iteration_ms, s.max_memory)):
-        if len(starts) < CLIMB_STARTS and all(s.plan != t.plan for t in starts):
+        if len(starts) < POLISH.starts and all(s.plan != t.plan for t in starts):
             starts.append(s)
     return starts
 
@@ -184,7 +184,7 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
 
         for s in _climb_starts(found, score, limit):
             iterated_climb(Step(plan=s.plan, iteration_ms=s.iteration_ms, peak_memory_bytes=s.peak_memory_bytes),
-                           score, rules, limit, rng, deadline=deadline, on_step=accepted)  # fmt: skip
+                           score, rules, limit, rng, POLISH, deadline, accepted)  # fmt: skip
         budget_hit = time.perf_counter() > deadline  # climbs stop at the deadline too
     except KeyboardInterrupt:
         interrupted = True

@@ -100,7 +100,7 @@ def repair_sequence(seq: Sequence[int], rules: Rules) -> tuple[int, ...]:
         if v == left and v <= top:
             take = v  # the closing remainder stays as it is, so valid lists are fixed points
         else:
-            take = min(snapped[v if v <= top else top], left)
+            take = min(snapped[min(max(v, 0), top)], left)
         out.append(take)
         left -= take
     while left > 0:
