@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
@@ -86,13 +87,15 @@ def pack_plans(plans: Sequence[Plan]) -> PackedPlans:
     cuts = np.array([[st.lo for st in p.stages] + [p.stages[-1].hi] for p in plans], dtype=np.int64)
     fwd_lists = [st.forward for p in plans for st in p.stages]
     bwd_lists = [st.backward for p in plans for st in p.stages]
+    fwd_ptr = np.concatenate([[0], np.cumsum([len(f) for f in fwd_lists])]).astype(np.int64)
+    bwd_ptr = np.concatenate([[0], np.cumsum([len(b) for b in bwd_lists])]).astype(np.int64)
     return PackedPlans(
         batch=B,
         cuts=cuts,
-        fwd=np.fromiter((v for f in fwd_lists for v in f), dtype=np.int64),
-        fwd_ptr=np.concatenate([[0], np.cumsum([len(f) for f in fwd_lists])]).astype(np.int64),
-        bwd=np.fromiter((v for b in bwd_lists for v in b), dtype=np.int64),
-        bwd_ptr=np.concatenate([[0], np.cumsum([len(b) for b in bwd_lists])]).astype(np.int64),
+        fwd=np.fromiter(chain.from_iterable(fwd_lists), dtype=np.int64, count=int(fwd_ptr[-1])),
+        fwd_ptr=fwd_ptr,
+        bwd=np.fromiter(chain.from_iterable(bwd_lists), dtype=np.int64, count=int(bwd_ptr[-1])),
+        bwd_ptr=bwd_ptr,
         warmup=np.array([[st.warmup for st in p.stages] for p in plans], dtype=np.int64),
         recompute=np.array([[st.recompute for st in p.stages] for p in plans], dtype=np.bool_),
     )

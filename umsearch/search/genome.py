@@ -70,6 +70,16 @@ class Rules:
             out.append(above if above - v < v - below else below)
         return tuple(out)
 
+    @cached_property
+    def allowed(self) -> frozenset[int]:
+        return frozenset(self.sizes)
+
+    def valid_sequence(self, seq: Sequence[int]) -> bool:
+        """Whether ``seq`` already obeys the rules (a fast check: most edited lists do)."""
+        if not 0 < len(seq) <= self.max_count or sum(seq) != self.batch or not 1 <= seq[-1] <= self.largest:
+            return False
+        return self.allowed.issuperset(seq[:-1])
+
     def snap(self, size: int) -> int:
         """The allowed size nearest ``size`` (the smaller one on a tie)."""
         return self._snapped[max(0, min(size, self.largest))]
@@ -91,6 +101,8 @@ def repair_sequence(seq: Sequence[int], rules: Rules) -> tuple[int, ...]:
     with the largest size; a long one has its smallest neighbouring pairs
     merged. Only the last microbatch may be a remainder outside the allowed sizes.
     """
+    if rules.valid_sequence(seq):
+        return tuple(seq)
     out: list[int] = []
     left = rules.batch
     snapped, top = rules._snapped, rules.largest

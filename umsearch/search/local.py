@@ -28,13 +28,13 @@ from umsearch.search.scoring import Scorer
 class ClimbConfig:
     """How hard the polish works; the defaults were tuned on the bundled spaces."""
 
-    starts: int = 3
+    starts: int = 5
     """Climbs start from this many of the fastest distinct plans NSGA-II found."""
     neighbours: int = 192
     """Random neighbours scored per step (one batch call)."""
     patience: int = 6
     """Steps without gain before a climb ends."""
-    kicks: int = 8
+    kicks: int = 12
     """Jumps away from the best, each followed by a fresh climb."""
     kick_moves: int = 4
     """Random moves per jump."""
