@@ -40,10 +40,10 @@ from umsearch.jsonio import write_json
 from umsearch.plan import Plan, StagePlan, plan_from_json, uniform_plan
 from umsearch.profile import Profile, load_profile
 from umsearch.runtime.comm import StageComm
-from umsearch.runtime.config import RunConfig
+from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.executor import StageExecutor
 from umsearch.runtime.fidelity import mape, measure_plan
-from umsearch.runtime.launch import LaunchConfig, launch
+from umsearch.runtime.launch import launch
 from umsearch.runtime.model import spec_factory, stage_module
 from umsearch.runtime.run import merge
 from umsearch.runtime.worker import StageReport
@@ -190,7 +190,8 @@ def fidelity_plans(cut: int, L: int) -> list[tuple[str, Plan]]:
 # -------------------------------------------------------------------- benches
 def _environment() -> dict[str, Any]:
     return {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-            "threads_per_process": 1, "backend": "gloo", "loadavg_1m": os.getloadavg()[0]}  # fmt: skip
+            "threads_per_process": 1, "ranks_pinned_to_own_core": (os.cpu_count() or 1) >= 2, "backend": "gloo",
+            "loadavg_1m": os.getloadavg()[0]}  # fmt: skip
 
 
 def bench_fidelity(profile: Profile, out: Path, steps: int, warmup: int,
@@ -203,9 +204,9 @@ def bench_fidelity(profile: Profile, out: Path, steps: int, warmup: int,
     """
     cost = CostModel(profile)
     cut = balanced_cut(cost, 4)
-    cfg = RunConfig(steps=steps, seed=SEED, launch=LaunchConfig(threads=1, timeout_s=600))
+    cfg = RunConfig(steps=steps, warmup_steps=warmup, seed=SEED, launch=LaunchConfig(threads=1, timeout_s=600))
     factory = spec_factory(MODEL, SEED)
-    rows = [measure_plan(name, plan, cost, factory, cfg, warmup)
+    rows = [measure_plan(name, plan, cost, factory, cfg)
             for name, plan in fidelity_plans(cut, profile.num_layers)]  # fmt: skip
     second = reprofile() if reprofile is not None else None
     doc = {

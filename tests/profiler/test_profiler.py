@@ -72,7 +72,7 @@ def test_user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_zoo_and_bad_arg() -> None:
     with pytest.raises(ProfilingError, match="unknown model 'resnet'"):
         build_model(ModelSpec(source="resnet"))
-    with pytest.raises(ProfilingError, match="bad --arg for mlp"):
+    with pytest.raises(ProfilingError, match="bad argument for zoo model mlp: .*'depth'.*it takes layers, width, inputs, classes"):
         build_model(ModelSpec(source="mlp", args={"depth": 3}))
 
 
@@ -85,7 +85,10 @@ def test_zoo_split_batch_gradient_equals_full(name: str) -> None:
     if x.is_floating_point():
         x = x.double()
     built.loss(model(x), y).backward()
-    full = [p.grad.clone() for p in model.parameters()]
+    full = []
+    for p in model.parameters():
+        assert p.grad is not None
+        full.append(p.grad.clone())
     model.zero_grad()
     for lo, hi in ((0, 2), (2, 6)):
         (built.loss(model(x[lo:hi]), y[lo:hi]) * (hi - lo) / 6).backward()
@@ -121,12 +124,13 @@ def test_fit_link_recovers_known_values() -> None:
 
 @pytest.mark.slow
 def test_measure_link_two_processes() -> None:
-    from umsearch.profiler.link import measure_link
+    from umsearch.profiler.link import link_times
 
-    # 1 KiB vs 4 MiB: far enough apart that scheduling noise on a loaded machine (which made
-    # 1 KiB vs 1 MiB with 3 repeats fail about one run in five) cannot reverse the slope.
-    lat, bw, raw = measure_link("gloo", sizes=(1 << 10, 1 << 22), repeats=5)
-    assert lat >= 0 and bw > 0 and set(raw) == {1 << 10, 1 << 22}
+    # The mechanics only: two processes time every size. Whether the times grow with the size is
+    # the machine's business (a loaded machine reversed even 1 KiB vs 4 MiB); fit_link is tested
+    # on known values above.
+    raw = link_times("gloo", sizes=(1 << 10, 1 << 22), repeats=3)
+    assert set(raw) == {1 << 10, 1 << 22} and all(t > 0 for t in raw.values())
 
 
 class _GradProbe(torch.nn.Linear):

@@ -31,6 +31,20 @@ def _batch(b: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(b, OUT, generator=g, dtype=torch.float64))  # fmt: skip
 
 
+def param_free_first_model(seed: int = 0) -> TinyModel:
+    """``[Tanh(), Linear]``: cut at 1, the first stage has no parameters at all."""
+    torch.manual_seed(seed)
+    return TinyModel([torch.nn.Tanh(), torch.nn.Linear(IN, OUT).double()], _batch, torch.nn.functional.mse_loss)
+
+
+def dropout_model(seed: int = 0) -> TinyModel:
+    """``[Linear, Dropout(0.5), Linear]``: a forward that draws random numbers."""
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(IN, WIDTH).double(), torch.nn.Dropout(0.5),
+                                     torch.nn.Linear(WIDTH, OUT).double()]  # fmt: skip
+    return TinyModel(layers, _batch, torch.nn.functional.mse_loss)
+
+
 def tiny_model(num_layers: int = 6, seed: int = 0) -> TinyModel:
     """``num_layers`` layers: Linear+Tanh blocks, the last a plain Linear."""
     torch.manual_seed(seed)
@@ -75,13 +89,14 @@ class _Done:
 
 
 class _Pending:
-    def __init__(self, q: queue.Queue[torch.Tensor], buffer: torch.Tensor) -> None:
-        self.q, self.buffer, self.done = q, buffer, False
+    def __init__(self, q: queue.Queue[torch.Tensor], buffer: torch.Tensor, comm: QueueComm) -> None:
+        self.q, self.buffer, self.comm, self.done = q, buffer, comm, False
 
     def wait(self) -> None:
         if not self.done:
             self.buffer.copy_(self.q.get(timeout=30))
             self.done = True
+            self.comm.outstanding -= 1
 
     def is_completed(self) -> bool:
         return self.done
@@ -109,6 +124,8 @@ class QueueComm:
     def __init__(self, hub: QueueHub, stage: int) -> None:
         self.hub, self.stage = hub, stage
         self.sent: list[tuple[str, int, tuple[int, ...]]] = []
+        self.outstanding = 0  # receives posted and not yet waited for
+        self.max_outstanding = 0
 
     @property
     def device(self) -> torch.device:
@@ -123,7 +140,9 @@ class QueueComm:
         return _Done()
 
     def irecv(self, peer: str, buffer: torch.Tensor, tag: int) -> _Pending:
-        return _Pending(self.hub.channel(self._peer(peer), self.stage, tag), buffer)
+        self.outstanding += 1
+        self.max_outstanding = max(self.max_outstanding, self.outstanding)
+        return _Pending(self.hub.channel(self._peer(peer), self.stage, tag), buffer, self)
 
     def barrier(self) -> None:
         self.hub.barrier.wait(timeout=30)
@@ -168,12 +187,11 @@ def run_threaded(plan: Plan, model: TinyModel, batch_seed: int, steps: int = 1,
     return grads, losses, comms
 
 
-def multi_plan_worker(rank: int, world: int, plans_json: list[dict[str, Any]], factory: Any,
-                      cfg: Any) -> list[Any]:  # fmt: skip
-    """Launcher target running several plans in one set of processes (saves start-up time)."""
+def multi_plan_worker(rank: int, world: int, jobs: list[tuple[dict[str, Any], Any]], factory: Any) -> list[Any]:
+    """Launcher target running several (plan JSON, RunConfig) jobs in one set of processes (saves start-up)."""
     from umsearch.runtime.worker import stage_worker
 
-    return [stage_worker(rank, world, pj, factory, cfg) for pj in plans_json]
+    return [stage_worker(rank, world, pj, factory, cfg) for pj, cfg in jobs]
 
 
 def failing_worker(rank: int, world: int, bad_rank: int) -> int:
@@ -187,10 +205,13 @@ def failing_worker(rank: int, world: int, bad_rank: int) -> int:
     return rank
 
 
-def sleeping_worker(rank: int, world: int, seconds: float) -> int:
-    """Every rank sleeps (a stand-in for a stuck pipeline)."""
+def sleeping_worker(rank: int, world: int, seconds: float, pid_dir: str) -> int:
+    """Every rank notes its pid in ``pid_dir``, then sleeps (a stand-in for a stuck pipeline)."""
+    import os
     import time
+    from pathlib import Path
 
+    (Path(pid_dir) / f"{rank}.pid").write_text(str(os.getpid()))
     time.sleep(seconds)
     return rank
 

@@ -11,12 +11,21 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.runtime.helpers import plan_of, reference_grads, run_threaded, tiny_model
+from tests.runtime.helpers import (
+    WIDTH,
+    dropout_model,
+    param_free_first_model,
+    plan_of,
+    reference_grads,
+    run_threaded,
+    tiny_model,
+)
 from umsearch.errors import RuntimeExecutionError
 from umsearch.plan import Plan, StagePlan
-from umsearch.runtime.executor import HEADER_TAG, StageExecutor
+from umsearch.runtime.executor import HEADER_TAG, RECV_WINDOW, StageExecutor
 from umsearch.runtime.model import stage_module
 from umsearch.runtime.preflight import structural_cost
+from umsearch.runtime.shapes import SampleShape, encode
 from umsearch.simulator import simulate
 
 SEED = 7
@@ -152,3 +161,86 @@ def test_constructor_refusals() -> None:
         StageExecutor(plan_of(6, ((0, 4), [6], None, 1)), 0, stage_module(model, 0, 4), None)
     with pytest.raises(RuntimeExecutionError, match="outside the plan"):
         StageExecutor(two, 2, stage_module(model, 0, 2), model.loss)
+
+
+def test_first_stage_without_parameters() -> None:
+    """[Tanh(), Linear] cut at 1: stage 0 has nothing to differentiate, and must not try."""
+    for plan in (plan_of(6, ((0, 1), [2, 4], None, 2), ((1, 2), [3, 3], None, 1)),
+                 plan_of(6, ((0, 1), [6], [2, 4], 1), ((1, 2), [3, 3], None, 1))):  # fmt: skip
+        grads, _, _ = run_threaded(plan, param_free_first_model(), SEED)
+        _assert_grads_equal(grads, reference_grads(param_free_first_model(), 6, SEED))
+
+
+def test_receives_are_posted_in_a_bounded_window() -> None:
+    """GPipe over 8 one-sample microbatches: a stage never has more than RECV_WINDOW receives pending
+    per direction, not the whole batch's 8, and the gradients stay exact."""
+    plan = plan_of(8, ((0, 3), [1] * 8, None, 8), ((3, 6), [1] * 8, None, 8))
+    grads, _, comms = run_threaded(plan, tiny_model(6), SEED)
+    _assert_grads_equal(grads, reference_grads(tiny_model(6), 8, SEED))
+    assert [c.max_outstanding for c in comms] == [RECV_WINDOW, RECV_WINDOW]
+
+
+def _dropout_grads(plan: Plan) -> tuple[dict[str, torch.Tensor], float | None]:
+    model = dropout_model()
+    torch.manual_seed(1234)
+    grads, losses, _ = run_threaded(plan, model, SEED)
+    return grads, losses[0]
+
+
+def test_recompute_replays_the_forwards_random_draws() -> None:
+    """Dropout on a recomputing stage: the recomputation sees the forward's masks, as without recompute."""
+    plain, plain_loss = _dropout_grads(plan_of(12, ((0, 3), [4, 8], None, 1)))
+    replayed, replayed_loss = _dropout_grads(plan_of(12, ((0, 3), [4, 8], [4, 8], 1)))
+    _assert_grads_equal(replayed, plain)
+    assert replayed_loss == plain_loss
+    # ... and the RNG stream goes on as if the recomputation had drawn nothing.
+    _dropout_grads(plan_of(12, ((0, 3), [4, 8], [4, 8], 1)))
+    after_replay = torch.get_rng_state()
+    _dropout_grads(plan_of(12, ((0, 3), [4, 8], None, 1)))
+    assert torch.equal(after_replay, torch.get_rng_state())
+
+
+def test_recompute_refuses_to_replay_randomness_across_a_different_partition() -> None:
+    with pytest.raises(RuntimeExecutionError, match=r"stage 0 draws random numbers .* backward microbatch 0 "
+                                                    r"\(samples \[0, 6\)\)"):  # fmt: skip
+        _dropout_grads(plan_of(12, ((0, 3), [4, 8], [6, 6], 1)))
+
+
+class _StuckComm:
+    """Hands stage 1 its shape header, then every activation wait times out the way gloo does."""
+
+    device = torch.device("cpu")
+
+    class _Done:
+        def wait(self) -> None:
+            return None
+
+        def is_completed(self) -> bool:
+            return True
+
+    class _Stuck(_Done):
+        def wait(self) -> None:
+            raise RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                               "waiting 2000ms for recv operation to complete")  # fmt: skip
+
+    def isend(self, peer: str, tensor: torch.Tensor, tag: int) -> _Done:
+        return self._Done()
+
+    def irecv(self, peer: str, buffer: torch.Tensor, tag: int) -> _Done:
+        if tag == HEADER_TAG:
+            buffer.copy_(encode(SampleShape(dims=(WIDTH,), dtype=torch.float64)))
+            return self._Done()
+        return self._Stuck()
+
+    def barrier(self) -> None:
+        return None
+
+
+def test_a_wait_that_times_out_names_the_stage_the_message_and_the_op() -> None:
+    model = tiny_model(4)
+    plan = plan_of(6, ((0, 2), [2, 4], None, 2), ((2, 4), [3, 3], None, 2))
+    ex = StageExecutor(plan, 1, stage_module(model, 2, 4), model.loss, _StuckComm())
+    y = model.make_batch(6, torch.Generator())[1]
+    with pytest.raises(RuntimeExecutionError, match=r"^stage 1 gave up waiting for activation message 0 from stage 0, "
+                                                    r"needed by forward microbatch 0: Timed out waiting 2000ms"):  # fmt: skip
+        ex.run_iteration(None, y)

@@ -6,14 +6,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from umsearch.runtime.messages import Piece, assemble, last_use, pieces, releases
+from umsearch.runtime.messages import assemble, last_use, releases
+from umsearch.schedule import chunk_overlaps as pieces
 
 
 def test_pieces_split_and_join() -> None:
-    # sender [4, 8], receiver [3, 3, 6]: microbatch 1 spans both messages.
-    assert pieces([4, 8], [3, 3, 6], 0) == (Piece(message=0, offset=0, count=3),)
-    assert pieces([4, 8], [3, 3, 6], 1) == (Piece(message=0, offset=3, count=1), Piece(message=1, offset=0, count=2))
-    assert pieces([4, 8], [3, 3, 6], 2) == (Piece(message=1, offset=2, count=6),)
+    # sender [4, 8], receiver [3, 3, 6]: microbatch 1 spans both messages; (message, offset, count).
+    assert pieces([4, 8], [3, 3, 6], 0) == [(0, 0, 3)]
+    assert pieces([4, 8], [3, 3, 6], 1) == [(0, 3, 1), (1, 0, 2)]
+    assert pieces([4, 8], [3, 3, 6], 2) == [(1, 2, 6)]
 
 
 def test_last_use_and_releases() -> None:

@@ -23,12 +23,14 @@ def test_corrupt_header_is_refused() -> None:
 
 
 def test_probe_keeps_mode_and_records_no_graph() -> None:
-    net = torch.nn.Sequential(torch.nn.Linear(4, 7), torch.nn.BatchNorm1d(7))
-    before = net[1].running_mean.clone()
+    norm = torch.nn.BatchNorm1d(7)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 7), norm)
+    assert norm.running_mean is not None
+    before = norm.running_mean.clone()
     shape = probe(net, torch.randn(1, 4), "test layer")
     assert shape == SampleShape(dims=(7,), dtype=torch.float32)
     assert net.training  # restored
-    assert torch.equal(net[1].running_mean, before)  # eval mode: statistics untouched
+    assert torch.equal(norm.running_mean, before)  # eval mode: statistics untouched
 
 
 class _Pair(torch.nn.Module):

@@ -6,6 +6,7 @@ weighted losses gives exactly the full-batch gradient.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -121,4 +122,5 @@ def build_zoo(name: str, args: dict[str, Any]) -> BuiltModel:
     try:
         return ZOO[name](**args)
     except TypeError as exc:
-        raise ProfilingError(f"bad --arg for {name}: {exc}; see `umsearch profile --help`") from None
+        accepted = ", ".join(inspect.signature(ZOO[name]).parameters)
+        raise ProfilingError(f"bad argument for zoo model {name}: {exc}; it takes {accepted}") from None

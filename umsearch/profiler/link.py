@@ -66,8 +66,8 @@ def _pingpong(rank: int, port: int, backend: str, sizes: Sequence[int], repeats:
         dist.destroy_process_group()
 
 
-def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10) -> tuple[float, float, dict[int, float]]:
-    """Latency, bandwidth and the raw one-way times of a two-process link."""
+def link_times(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10) -> dict[int, float]:
+    """Median one-way time (ms) of a message of each size in bytes between two processes."""
     if backend == "nccl" and torch.cuda.device_count() < 2:
         raise ProfilingError("measuring an NCCL link needs two GPUs here; state it with --link-latency-ms/--link-bandwidth-gbps")
     manager = mp.Manager()
@@ -75,5 +75,11 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
     mp.start_processes(_pingpong, args=(_free_port(), backend, list(sizes), repeats, out), nprocs=2, start_method="spawn")
     raw = {int(k): float(v) for k, v in out.items()}
     manager.shutdown()
+    return raw
+
+
+def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10) -> tuple[float, float, dict[int, float]]:
+    """Latency, bandwidth and the raw one-way times of a two-process link."""
+    raw = link_times(backend, sizes, repeats)
     lat, bw = fit_link(list(raw), list(raw.values()))
     return lat, bw, raw

@@ -6,15 +6,17 @@ Library use (inside your own process group, one rank per stage)::
     ex = StageExecutor(plan, rank, stage_module, loss_fn, comm, optimizer=opt)
     stats = ex.run_iteration(inputs if rank == 0 else None, targets if last else None)
 
-or let :func:`run_plan` start the processes for you.
+or let :func:`run_plan` start the processes (torchrun, one rank per stage) for
+you. The torchrun entry point, :mod:`umsearch.runtime.torchrun`, is not
+imported here, so that ``python -m umsearch.runtime.torchrun`` runs it cleanly.
 """
 
 from __future__ import annotations
 
 from umsearch.runtime.comm import Comm, StageComm
-from umsearch.runtime.config import RunConfig
+from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.executor import IterationStats, OpTiming, StageExecutor
-from umsearch.runtime.launch import LaunchConfig, launch
+from umsearch.runtime.launch import launch
 from umsearch.runtime.run import RunResult, StepResult, run_plan
 
 __all__ = [

@@ -6,11 +6,16 @@ stream, so receives posted early in one direction can never queue behind a
 send in the other; with gloo the groups are just separate channels. Within a
 direction both sides issue messages in message order; gloo additionally
 matches them by tag (the message index).
+
+Every group gets the run's timeout (by default the default group's), so a
+rank waiting on a message that never comes fails after ``--timeout`` seconds
+instead of torch's 30-minute default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Literal, Protocol
 
 import torch
@@ -57,10 +62,13 @@ class StageComm:
         self._device = device
 
     @classmethod
-    def create(cls, num_stages: int, device: torch.device, ranks: Sequence[int] | None = None) -> StageComm:
+    def create(cls, num_stages: int, device: torch.device, ranks: Sequence[int] | None = None,
+               timeout: timedelta | None = None) -> StageComm:  # fmt: skip
         """Build the per-boundary groups; every rank of the default group must call this alike.
 
         ``ranks[s]`` is the global rank running stage ``s`` (default: rank s).
+        ``timeout`` bounds every wait on a link (default: the default group's
+        timeout, as given to ``init_process_group``).
         """
         if not dist.is_initialized():
             raise RuntimeExecutionError(
@@ -73,12 +81,15 @@ class StageComm:
         me = dist.get_rank()
         if me not in ranks:
             raise RuntimeExecutionError(f"rank {me} runs no stage of {ranks}")
+        timeout = timeout if timeout is not None else default_group_timeout()
         fwd: list[dist.ProcessGroup | None] = []
         bwd: list[dist.ProcessGroup | None] = []
         for s in range(num_stages - 1):
             pair = [ranks[s], ranks[s + 1]]
             # new_group is collective over the default group: every rank creates every group.
-            to_next, to_prev = dist.new_group(pair), dist.new_group(pair)
+            # It does not inherit the default group's timeout, hence the explicit one.
+            to_next = dist.new_group(pair, timeout=timeout)
+            to_prev = dist.new_group(pair, timeout=timeout)
             fwd.append(to_next if me in pair else None)
             bwd.append(to_prev if me in pair else None)
         return cls(stage=ranks.index(me), ranks=ranks, forward_groups=fwd, backward_groups=bwd,
@@ -120,3 +131,14 @@ class StageComm:
             dist.barrier(device_ids=[self._device.index or 0])
         else:
             dist.barrier()
+
+
+def default_group_timeout() -> timedelta | None:
+    """The timeout the default group was initialised with; None (torch's default) if unknown."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+        timeout = group._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError, ValueError):  # private API: tolerate its absence
+        return None
+    return timeout if isinstance(timeout, timedelta) else None

@@ -7,20 +7,39 @@ batch. After one iteration every parameter holds exactly the gradient of the
 full-batch mean loss: each microbatch's mean loss is weighted by its share
 ``b / B`` of the batch.
 
-Per iteration: every receive of the iteration is posted up front (one buffer
-per message, shapes from the plan and the one-off shape header), all stages
-meet at a barrier, then the ops run in :func:`umsearch.schedule.op_order`.
+Per iteration all stages meet at a barrier, then the ops run in
+:func:`umsearch.schedule.op_order`. Receives are posted in a bounded window:
+before each op a stage makes sure the receives of its next
+:data:`RECV_WINDOW` microbatches of each direction are posted (one buffer per
+message, shapes from the plan and the one-off shape header), so messages land
+while the current op computes, yet receive buffers hold about
+``RECV_WINDOW`` microbatches per direction instead of the whole batch (which
+MODEL.md section 5 does not count). Posting late cannot deadlock: a send never
+blocks its sender (``isend``; only the iteration's end waits for sends), and a
+stage posts every receive before it waits for it.
+
 A forward waits only for the messages holding its samples, slices and
 concatenates them (:mod:`umsearch.runtime.messages`), runs, and hands its output
-to an ``isend`` that completes in the background; send handles are waited on
-lazily. A recomputing stage keeps only its (detached) inputs and rebuilds each
-backward microbatch's graph from them, so its backward partition may differ
-from its forward one.
+to an ``isend`` that completes in the background. A wait that outlasts the
+link's timeout fails with the stage, the message and the op it was for.
+
+A recomputing stage keeps only its (detached) inputs and rebuilds each backward
+microbatch's graph from them, so its backward partition may differ from its
+forward one. Like ``torch.utils.checkpoint`` it stashes the RNG state (CPU,
+and the stage's GPU on CUDA) before each forward; a backward microbatch that is
+exactly one forward microbatch replays that forward's random draws (dropout
+masks). A backward microbatch that spans or splits forward microbatches cannot
+replay them: if the stage drew random numbers in that forward, the executor
+raises instead of back-propagating through different masks. Layers with
+running statistics (BatchNorm) update them twice on a recomputing stage, in the
+forward and in the recomputation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -28,19 +47,24 @@ import torch
 from umsearch.errors import RuntimeExecutionError
 from umsearch.plan import Plan, StagePlan, validate_plan
 from umsearch.runtime.comm import Comm, Handle, Peer
-from umsearch.runtime.messages import Piece, assemble, pieces, releases
+from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
 from umsearch.runtime.timing import StampClock
-from umsearch.schedule import cumulative, op_order
+from umsearch.schedule import chunk_overlaps, cumulative, op_order
 from umsearch.simulator import OpRecord
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 HEADER_TAG = 1 << 24
 """Tag of the shape header; message tags are message indices, always smaller."""
+RECV_WINDOW = 2
+"""A stage keeps the receives of its next this-many microbatches per direction posted."""
 
 
 OpTiming = OpRecord
 """A measured op: the simulator's record, times in ms after the iteration's barrier."""
+
+RngState = tuple[torch.Tensor, torch.Tensor | None]
+"""CPU generator state, and the stage GPU's (None on CPU)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,21 +85,40 @@ class IterationStats:
     """Peak allocated device memory during the iteration (CUDA only)."""
 
 
-@dataclass
 class _Inbox:
-    """Posted receives of one direction for one iteration."""
+    """The receives of one direction in one iteration, posted a bounded window ahead of need.
 
-    buffers: dict[int, torch.Tensor] = field(default_factory=dict)
-    handles: dict[int, Handle] = field(default_factory=dict)
+    ``parts[i]`` are the slices that build my microbatch ``i`` from the peer's
+    messages; ``done[i]`` the messages no later microbatch reads.
+    """
 
-    def take(self, parts: tuple[Piece, ...], done: list[int]) -> torch.Tensor:
-        """Wait for the messages of ``parts``, build the microbatch, drop the ``done`` messages."""
-        for p in parts:
-            handle = self.handles.pop(p.message, None)
+    def __init__(self, *, comm: Comm, peer: Peer, sizes: tuple[int, ...], shape: SampleShape,
+                 parts: list[list[Piece]], done: list[list[int]], device: torch.device) -> None:  # fmt: skip
+        self.comm, self.peer, self.sizes, self.shape, self.device = comm, peer, sizes, shape, device
+        self.parts, self.done = parts, done
+        self.needs = [max(m for m, _, _ in p) + 1 for p in parts]  # messages microbatch i waits for
+        self.buffers: dict[int, torch.Tensor] = {}
+        self.handles: dict[int, Handle] = {}
+        self.posted = 0  # receives posted so far: messages 0..posted-1
+
+    def post_through(self, index: int) -> None:
+        """Post the receives of every message my microbatches ``0..index`` read (no-op if done)."""
+        target = self.needs[min(index, len(self.needs) - 1)]
+        while self.posted < target:
+            m = self.posted
+            self.buffers[m] = self.shape.empty(self.sizes[m], self.device)
+            self.handles[m] = self.comm.irecv(self.peer, self.buffers[m], m)
+            self.posted += 1
+
+    def take(self, index: int, wait: Callable[[Handle, int], None]) -> torch.Tensor:
+        """Wait for the messages of microbatch ``index``, build it, drop the messages it was last to read."""
+        self.post_through(index)
+        for m, _, _ in self.parts[index]:
+            handle = self.handles.pop(m, None)
             if handle is not None:
-                handle.wait()
-        out = assemble(self.buffers, parts)
-        for m in done:
+                wait(handle, m)
+        out = assemble(self.buffers, self.parts[index])
+        for m in self.done[index]:
             self.buffers.pop(m, None)
         return out
 
@@ -128,24 +171,10 @@ class StageExecutor:
         self.next = plan.stages[stage_index + 1] if not self.last else None
         self.in_shape: SampleShape | None = None
         self.out_shape: SampleShape | None = None
-        self._fwd_parts, self._fwd_done = self._assembly(self.prev, forward=True)
-        self._bwd_parts, self._bwd_done = self._assembly(self.next, forward=False)
         if self.st.recompute:
-            self._stash_parts = [
-                pieces(self.st.forward, self.st.backward, k) for k in range(len(self.st.backward))
-            ]
+            self._stash_parts = _parts(self.st.forward, self.st.backward)
             self._stash_done = releases(self.st.forward, self.st.backward)
         self.clock = StampClock(self.device)
-
-    def _assembly(
-        self, peer: StagePlan | None, forward: bool
-    ) -> tuple[list[tuple[Piece, ...]], list[list[int]]]:
-        """Pieces and releases of each of my microbatches from ``peer``'s messages."""
-        if peer is None:
-            return [], []
-        sender = peer.forward if forward else peer.backward
-        mine = self.st.forward if forward else self.st.backward
-        return [pieces(sender, mine, i) for i in range(len(mine))], releases(sender, mine)
 
     # ----------------------------------------------------------------- setup
     def _check_batch(self, t: torch.Tensor | None, what: str) -> torch.Tensor:
@@ -167,27 +196,41 @@ class StageExecutor:
             sample = inputs[:1]
         else:
             header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.device)
-            self._comm().irecv("prev", header, HEADER_TAG).wait()
+            self._wait(self._comm().irecv("prev", header, HEADER_TAG), f"the shape header from stage {self.s - 1}")
             self.in_shape = decode(header)
             sample = self.in_shape.empty(1, self.device).zero_()
         if not self.last:
             where = f"the output of stage {self.s} (layer {self.st.hi - 1})"
             self.out_shape = probe(self.module, sample, where)
-            self._comm().isend("next", encode(self.out_shape).to(self.device), HEADER_TAG).wait()
+            sent = self._comm().isend("next", encode(self.out_shape).to(self.device), HEADER_TAG)
+            self._wait(sent, f"stage {self.s + 1} to take its shape header")
 
     def _comm(self) -> Comm:
         assert self.comm is not None
         return self.comm
 
-    def _post(self, peer: Peer, sizes: tuple[int, ...], shape: SampleShape | None) -> _Inbox:
-        inbox = _Inbox()
-        if shape is None:
-            return inbox
-        for m, n in enumerate(sizes):
-            buf = shape.empty(n, self.device)
-            inbox.buffers[m] = buf
-            inbox.handles[m] = self._comm().irecv(peer, buf, m)
-        return inbox
+    def _wait(self, handle: Handle, what: str) -> None:
+        """``handle.wait()``; a failure (the link's timeout, a dead peer) names the stage and ``what``."""
+        try:
+            handle.wait()
+        except RuntimeError as exc:
+            lines = str(exc).strip().splitlines()
+            # gloo prefixes its messages with "[path/to/file.cc:line] ".
+            detail = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else type(exc).__name__
+            raise RuntimeExecutionError(
+                f"stage {self.s} gave up waiting for {what}: {detail} (if that stage is still running, "
+                "the stages wait on each other: a deadlock the plan check missed, or --timeout is too short)"
+            ) from None
+
+    def _inbox(self, forward: bool) -> _Inbox | None:
+        peer_plan = self.prev if forward else self.next
+        shape = self.in_shape if forward else self.out_shape
+        if peer_plan is None or shape is None:
+            return None
+        sender = peer_plan.forward if forward else peer_plan.backward
+        mine = self.st.forward if forward else self.st.backward
+        return _Inbox(comm=self._comm(), peer="prev" if forward else "next", sizes=sender, shape=shape,
+                      parts=_parts(sender, mine), done=releases(sender, mine), device=self.device)  # fmt: skip
 
     # ------------------------------------------------------------- iteration
     def run_iteration(
@@ -200,17 +243,18 @@ class StageExecutor:
         self.clock.reset()
         stamps: list[tuple[str, int, int, int]] = []
         for kind, idx in self.order:
+            self._post_ahead(run)
             a = self._forward(run, idx) if kind == "F" else self._backward(run, idx)
             stamps.append((kind, idx, a, self.clock.stamp()))
             self._after_op(run, kind, idx)
-        for handle, _ in run.pending:
-            handle.wait()
+        for handle, _, what in run.pending:
+            self._wait(handle, what)
         if self.optimizer is not None:
             self.optimizer.step()
         return self._stats(run, stamps)
 
     def _prepare(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> _Iteration:
-        """Check the batch, learn shapes on the first call, post every receive of the iteration."""
+        """Check the batch, learn shapes on the first call, post the first window of receives."""
         x_all = self._check_batch(inputs, "inputs") if self.first else None
         y_all = self._check_batch(targets, "targets") if self.last else None
         if self.optimizer is not None:
@@ -224,12 +268,17 @@ class StageExecutor:
             )
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        return _Iteration(
-            acts=self._post("prev", self.prev.forward, self.in_shape) if self.prev else _Inbox(),
-            grads=self._post("next", self.next.backward, self.out_shape) if self.next else _Inbox(),
-            inputs=x_all,
-            targets=y_all,
-        )
+        run = _Iteration(acts=self._inbox(forward=True), grads=self._inbox(forward=False), inputs=x_all,
+                         targets=y_all)  # fmt: skip
+        self._post_ahead(run)
+        return run
+
+    def _post_ahead(self, run: _Iteration) -> None:
+        """Keep the receives of the next :data:`RECV_WINDOW` microbatches of each direction posted."""
+        if run.acts is not None:
+            run.acts.post_through(run.forwards_done + RECV_WINDOW - 1)
+        if run.grads is not None:
+            run.grads.post_through(run.backwards_done + RECV_WINDOW - 1)
 
     def _stats(self, run: _Iteration, stamps: list[tuple[str, int, int, int]]) -> IterationStats:
         times = self.clock.elapsed_ms()
@@ -252,7 +301,9 @@ class StageExecutor:
         if self.first:
             assert run.inputs is not None
             return run.inputs.narrow(0, self.cf[j], self.st.forward[j])
-        return run.acts.take(self._fwd_parts[j], self._fwd_done[j])
+        assert run.acts is not None
+        return run.acts.take(j, lambda h, m: self._wait(
+            h, f"activation message {m} from stage {self.s - 1}, needed by forward microbatch {j}"))
 
     def _weighted_loss(self, out: torch.Tensor, run: _Iteration, lo: int, n: int) -> torch.Tensor:
         assert self.loss_fn is not None and run.targets is not None
@@ -273,6 +324,24 @@ class StageExecutor:
             )
         return x.requires_grad_(True)
 
+    def _rng_state(self) -> RngState:
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return torch.get_rng_state(), cuda
+
+    @contextmanager
+    def _replaying(self, state: RngState | None) -> Iterator[None]:
+        """Run the block with the RNG at ``state``, then put the RNG back (no-op for None)."""
+        if state is None:
+            yield
+            return
+        cuda = self.device.type == "cuda"
+        index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if cuda else 0
+        with torch.random.fork_rng(devices=[index] if cuda else []):
+            torch.set_rng_state(state[0])
+            if state[1] is not None:
+                torch.cuda.set_rng_state(state[1], self.device)
+            yield
+
     def _forward(self, run: _Iteration, j: int) -> int:
         """Forward microbatch ``j``; returns its start stamp."""
         x = self._forward_input(run, j)
@@ -280,9 +349,15 @@ class StageExecutor:
         n = self.st.forward[j]
         if self.st.recompute:
             run.stash_in[j] = x.detach()
+            rng = self._rng_state()
             with torch.no_grad():
                 out = self.module(x)
                 loss = self._weighted_loss(out, run, self.cf[j], n) if self.last else None
+            after = self._rng_state()
+            run.rng[j] = rng
+            run.random[j] = not torch.equal(rng[0], after[0]) or (
+                rng[1] is not None and after[1] is not None and not torch.equal(rng[1], after[1])
+            )  # fmt: skip
         else:
             x = self._leaf(x)
             out = self.module(x)
@@ -292,26 +367,54 @@ class StageExecutor:
             run.add_loss(loss.detach())
         if not self.last:
             run.outbox = out.detach().contiguous()
+        run.forwards_done = j + 1
         return start
+
+    def _replay_state(self, run: _Iteration, k: int) -> RngState | None:
+        """The RNG state that replays backward microbatch ``k``'s forward; None if there was no randomness."""
+        parts = self._stash_parts[k]
+        (j, offset, count), *rest = parts
+        if not rest and offset == 0 and count == self.st.forward[j]:
+            return run.rng[j]  # exactly forward microbatch j: replay it
+        if any(run.random[m] for m, _, _ in parts):
+            lo, hi = self.cb[k], self.cb[k + 1]
+            raise RuntimeExecutionError(
+                f"stage {self.s} draws random numbers in its forward (dropout?) and recomputes backward "
+                f"microbatch {k} (samples [{lo}, {hi})), which is not one of its forward microbatches, so the "
+                f"recomputation cannot replay the forward's draws; give stage {self.s} a backward partition "
+                "equal to its forward one, or no recompute"
+            )
+        return None
 
     def _backward(self, run: _Iteration, k: int) -> int:
         """Backward microbatch ``k``; returns its start stamp."""
-        grad = None if self.last else run.grads.take(self._bwd_parts[k], self._bwd_done[k])
+        grad = None
+        if not self.last:
+            assert run.grads is not None
+            grad = run.grads.take(k, lambda h, m: self._wait(
+                h, f"gradient message {m} from stage {self.s + 1}, needed by backward microbatch {k}"))
         if self.st.recompute:
             stashed = assemble(run.stash_in, self._stash_parts[k])
+            replay = self._replay_state(run, k)
             for j in self._stash_done[k]:
                 run.stash_in.pop(j, None)
+                run.rng.pop(j, None)
             start = self.clock.stamp()
             x = self._leaf(stashed)
-            out = self.module(x)
+            with self._replaying(replay):
+                out = self.module(x)
             root = self._weighted_loss(out, run, self.cb[k], self.st.backward[k]) if self.last else out
         else:
             start = self.clock.stamp()
             x, root = run.graphs.pop(k)
-        torch.autograd.backward(root, grad_tensors=grad)
+        # Nothing to differentiate when no parameter and no input needs a gradient (a first stage
+        # without parameters); autograd would refuse the call.
+        if root.requires_grad:
+            torch.autograd.backward(root, grad_tensors=grad)
         if not self.first:
             g = x.grad if x.grad is not None else torch.zeros_like(x)
             run.outbox = g.contiguous()
+        run.backwards_done = k + 1
         return start
 
     def _after_op(self, run: _Iteration, kind: str, idx: int) -> None:
@@ -320,22 +423,33 @@ class StageExecutor:
             return
         peer: Peer = "next" if kind == "F" else "prev"
         # Drop finished sends so their buffers can go (a recomputing stage keeps no outputs).
-        run.pending = [(h, t) for h, t in run.pending if not h.is_completed()]
-        run.pending.append((self._comm().isend(peer, run.outbox, idx), run.outbox))
+        run.pending = [p for p in run.pending if not p[0].is_completed()]
+        to = self.s + 1 if kind == "F" else self.s - 1
+        what = f"stage {to} to receive {'activation' if kind == 'F' else 'gradient'} message {idx}"
+        run.pending.append((self._comm().isend(peer, run.outbox, idx), run.outbox, what))
         run.outbox = None
+
+
+def _parts(sender: tuple[int, ...], receiver: tuple[int, ...]) -> list[list[Piece]]:
+    """For each receiver microbatch, its slices of the sender's messages."""
+    return [chunk_overlaps(sender, receiver, i) for i in range(len(receiver))]
 
 
 @dataclass
 class _Iteration:
     """Mutable state of one iteration on one stage."""
 
-    acts: _Inbox
-    grads: _Inbox
+    acts: _Inbox | None
+    grads: _Inbox | None
     inputs: torch.Tensor | None
     targets: torch.Tensor | None
+    forwards_done: int = 0
+    backwards_done: int = 0
     graphs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     stash_in: dict[int, torch.Tensor] = field(default_factory=dict)
-    pending: list[tuple[Handle, torch.Tensor]] = field(default_factory=list)
+    rng: dict[int, RngState] = field(default_factory=dict)
+    random: dict[int, bool] = field(default_factory=dict)
+    pending: list[tuple[Handle, torch.Tensor, str]] = field(default_factory=list)
     outbox: torch.Tensor | None = None
     loss: torch.Tensor | None = None
 

@@ -1,60 +1,83 @@
-"""Start one local process per stage, and stop them all with the failing rank's error.
+"""Start one local process per stage through torchrun, and stop them all with the failing rank's error.
 
-The parent hosts the rendezvous store itself on a port the OS picks, so
-concurrent launches never race for a port; each child joins it, initialises
-the default process group and runs ``target(rank, world_size, *args)``. A child
-that raises writes its error (type, message, traceback, time) to a file and
-exits; the parent, which watches every child, then kills the rest and raises
-:class:`~umsearch.errors.RuntimeExecutionError` with the first failure's
-message, so a bad rank stops the run instead of hanging it.
+A local run is ``python -m torch.distributed.run --standalone --nproc-per-node S
+-m umsearch.runtime.torchrun ... --result-dir DIR``: the launcher, rendezvous,
+entry point and rank start-up a cluster uses (``umsearch run --print-launch``),
+on one node. ``--standalone`` lets torchrun pick a free port, so concurrent
+launches never race for one. Each rank writes its pid when it starts, then
+``result{rank}.pkl`` when it succeeds or ``error{rank}.json`` (type, message,
+traceback, time) when it fails. torchrun stops the other ranks when one fails;
+this module then raises :class:`~umsearch.errors.RuntimeExecutionError` with
+the earliest failure as one line, and makes sure no rank outlives the launch
+(also on the run time limit, or when the caller is interrupted).
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
+import pickle
+import signal
+import subprocess
+import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
-from multiprocessing.connection import wait
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from umsearch.errors import RuntimeExecutionError, UmsearchError
-from umsearch.jsonio import write_bytes_atomic, write_json
+from umsearch.errors import RuntimeExecutionError
+from umsearch.runtime.config import LaunchConfig
 
-_HOST = "127.0.0.1"
+__all__ = ["ENTRY_MODULE", "LaunchConfig", "launch", "launch_entry", "local_rank_device"]
+
+ENTRY_MODULE = "umsearch.runtime.torchrun"
+"""The module torchrun starts in every rank, locally and on clusters."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class LaunchConfig:
-    """How to start the stage processes."""
-
-    backend: str = "gloo"
-    """``gloo`` (CPU tensors) or ``nccl`` (one GPU per rank, ``cuda:local_rank``)."""
-    threads: int | None = 1
-    """``torch.set_num_threads`` in each child; None leaves torch's default."""
-    timeout_s: float = 300.0
-    """Process-group timeout: a rank waiting longer than this for a peer fails."""
-    run_timeout_s: float | None = None
-    """Kill everything when the whole run takes longer than this (None: no limit)."""
-    start_method: str = "spawn"
-    """multiprocessing start method; ``spawn`` is the safe one with torch."""
+class StageFailure(RuntimeExecutionError):
+    """A rank failed; ``str()`` is one line, the rank's traceback is attached as a note."""
 
 
 def launch(
     target: Callable[..., Any], world_size: int, args: Sequence[Any] = (), config: LaunchConfig | None = None
 ) -> list[Any]:
-    """Run ``target(rank, world_size, *args)`` in ``world_size`` processes; their results by rank."""
+    """Run ``target(rank, world_size, *args)`` in ``world_size`` torchrun ranks; their results by rank.
+
+    ``target`` and ``args`` travel pickled, so ``target`` must be a module-level
+    function and the arguments picklable (a model factory: a module-level
+    function or a ``functools.partial`` of one). Each rank has the default
+    process group initialised before ``target`` runs.
+    """
     cfg = config or LaunchConfig()
+    try:
+        job = pickle.dumps((target, tuple(args), cfg))
+    except Exception as exc:  # noqa: BLE001 - pickling raises many types; all mean the same
+        raise RuntimeExecutionError(
+            f"cannot hand the job to the stage processes: {type(exc).__name__}: {exc}; the target and its "
+            "arguments (e.g. the model factory) must be picklable: a module-level function or a "
+            "functools.partial of one, not a lambda or a local function"
+        ) from None
+    with tempfile.TemporaryDirectory(prefix="umsearch-run-") as tmp:
+        (Path(tmp) / "job.pkl").write_bytes(job)
+        return _torchrun(world_size, ["--job", str(Path(tmp) / "job.pkl")], cfg, Path(tmp))
+
+
+def launch_entry(world_size: int, entry_args: Sequence[str], config: LaunchConfig) -> list[Any]:
+    """Run the entry point with ``entry_args`` (a plan file and its flags) in ``world_size`` ranks."""
+    with tempfile.TemporaryDirectory(prefix="umsearch-run-") as tmp:
+        return _torchrun(world_size, list(entry_args), config, Path(tmp))
+
+
+def torchrun_command(world_size: int, entry_args: Sequence[str]) -> list[str]:
+    """The local torchrun command line (one node, ``world_size`` ranks)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={world_size}", "--max-restarts=0", "-m", ENTRY_MODULE, *entry_args]  # fmt: skip
+
+
+def _check_backend(cfg: LaunchConfig, world_size: int) -> None:
     if cfg.backend not in ("gloo", "nccl"):
         raise RuntimeExecutionError(f"unknown backend {cfg.backend!r}; use 'gloo' (CPU) or 'nccl' (GPUs)")
     if cfg.backend == "nccl" and torch.cuda.device_count() < world_size:
@@ -62,50 +85,49 @@ def launch(
             f"backend nccl needs one GPU per stage: {world_size} stages but "
             f"{torch.cuda.device_count()} GPU(s) here; use --backend gloo or fewer stages"
         )
-    store = dist.TCPStore(_HOST, 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=cfg.timeout_s))  # fmt: skip
-    ctx: Any = mp.get_context(cfg.start_method)
-    with tempfile.TemporaryDirectory(prefix="umsearch-run-") as tmp:
-        out = Path(tmp)
-        procs = [
-            ctx.Process(target=_child, args=(rank, world_size, store.port, cfg, target, tuple(args), tmp),
-                        name=f"umsearch-stage{rank}")  # fmt: skip
-            for rank in range(world_size)
-        ]
+
+
+def _torchrun(world_size: int, entry_args: list[str], cfg: LaunchConfig, out: Path) -> list[Any]:
+    _check_backend(cfg, world_size)
+    env = dict(os.environ)
+    # The ranks import what the caller can (tests, user modules): hand them its module path.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
+    if cfg.threads is not None:
+        env["OMP_NUM_THREADS"] = str(cfg.threads)
+    elif "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # torch's default; keeps torchrun quiet
+    log_path = out / "torchrun.log"
+    with open(log_path, "wb") as log:
+        # A session of its own: a Ctrl-C in the terminal reaches only us, and _stop ends it in order.
+        proc = subprocess.Popen(torchrun_command(world_size, [*entry_args, "--result-dir", str(out)]),
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
         try:
-            for p in procs:
-                p.start()
-            _supervise(procs, out, cfg.run_timeout_s)
+            _supervise(proc, world_size, out, cfg.run_timeout_s, log_path)
         finally:
-            _stop(procs)
-            del store
-        return [torch.load(out / f"result{rank}.pt", weights_only=False) for rank in range(world_size)]
+            _stop(proc, out)
+    return [pickle.loads((out / f"result{rank}.pkl").read_bytes()) for rank in range(world_size)]
 
 
-def _supervise(procs: list[BaseProcess], out: Path, run_timeout_s: float | None) -> None:
-    """Wait for every child; on the first failure or the time limit, raise (the caller kills)."""
+def _supervise(proc: subprocess.Popen[bytes], world_size: int, out: Path, run_timeout_s: float | None,
+               log_path: Path) -> None:  # fmt: skip
+    """Wait for torchrun; on a failure or the time limit, raise (the caller stops what is left)."""
     deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
-    alive = list(procs)
-    while alive:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        wait([p.sentinel for p in alive], timeout=1.0 if left is None else min(1.0, left))
-        for p in list(alive):
-            if p.exitcode is None:
-                continue
-            alive.remove(p)
-            if p.exitcode != 0:
-                raise RuntimeExecutionError(_failure(procs, out, p))
-        if deadline is not None and time.monotonic() >= deadline and alive:
-            ranks = ", ".join(str(procs.index(p)) for p in alive)
+    while proc.poll() is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            running = [r for r in range(world_size)
+                       if not (out / f"result{r}.pkl").exists() and not (out / f"error{r}.json").exists()]  # fmt: skip
             raise RuntimeExecutionError(
-                f"the run took longer than {run_timeout_s:g} s; stage(s) {ranks} still running were "
-                "killed (raise the time limit, or look for a stage waiting on a message never sent)"
+                f"the run took longer than {run_timeout_s:g} s; stage(s) {', '.join(map(str, running))} still "
+                "running were killed (raise the time limit, or look for a stage waiting on a message never sent)"
             )
+        time.sleep(0.05)
+    missing = [r for r in range(world_size) if not (out / f"result{r}.pkl").exists()]
+    if proc.returncode != 0 or missing:
+        raise _failure(out, proc.returncode, log_path)
 
 
-def _failure(procs: list[BaseProcess], out: Path, first: BaseProcess) -> str:
-    """The message of the earliest recorded error, else the exit code of ``first``."""
-    time.sleep(0.2)  # let a sibling that failed at the same moment finish writing its report
+def _failure(out: Path, returncode: int, log_path: Path) -> RuntimeExecutionError:
+    """The earliest rank error as one line, else torchrun's own last words."""
     reports = []
     for path in out.glob("error*.json"):
         try:
@@ -113,64 +135,56 @@ def _failure(procs: list[BaseProcess], out: Path, first: BaseProcess) -> str:
         except (OSError, json.JSONDecodeError):
             continue
     if not reports:
-        rank = procs.index(first)
-        return f"stage {rank} died with exit code {first.exitcode} without reporting an error (killed, out of memory?)"
+        lines = [ln for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        last = lines[-1].strip() if lines else "no output"
+        return RuntimeExecutionError(
+            f"torchrun exited with code {returncode} and no stage reported an error (killed, out of memory?); "
+            f"its last line: {last}"
+        )
     rep = min(reports, key=lambda r: r["time"])
     others = len(reports) - 1
     tail = f" ({others} other stage(s) failed after it)" if others else ""
+    message = rep["message"].strip().replace("\n", " ")
     if rep["domain"]:
-        return f"stage {rep['rank']}: {rep['message']}{tail}"
-    return f"stage {rep['rank']} failed: {rep['type']}: {rep['message']}{tail}\n{rep['traceback']}"
+        # Runtime errors often name their stage already ("stage 1 gave up waiting ...").
+        named = message.startswith(f"stage {rep['rank']} ")
+        err = StageFailure(f"{message}{tail}" if named else f"stage {rep['rank']}: {message}{tail}")
+    else:
+        err = StageFailure(f"stage {rep['rank']} failed: {rep['type']}: {message}{tail}")
+    err.add_note(f"traceback of stage {rep['rank']}:\n{rep['traceback']}")
+    return err
 
 
-def _stop(procs: list[BaseProcess]) -> None:
-    """Terminate, then kill, every child still running."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
+def _stop(proc: subprocess.Popen[bytes], out: Path) -> None:
+    """End torchrun (it stops its ranks), then any rank that outlived it; leaves nothing running."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # torchrun's agent stops its workers on SIGTERM
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # Ranks run in sessions of their own, so a killed agent can leave them behind: end them by pid.
+    for path in out.glob("pid*"):
+        try:
+            pid = int(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _is_our_rank(pid, out):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
-def _child(
-    rank: int, world_size: int, port: int, cfg: LaunchConfig, target: Callable[..., Any],
-    args: tuple[Any, ...], out_dir: str,
-) -> None:  # fmt: skip
-    """Entry point of one stage process."""
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": _HOST, "MASTER_PORT": str(port)})  # fmt: skip
+def _is_our_rank(pid: int, out: Path) -> bool:
+    """Whether ``pid`` is still a rank of this launch (its command line names our result folder),
+    not a recycled pid of something else; False where ``/proc`` does not exist."""
     try:
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        if cfg.backend == "nccl":
-            torch.cuda.set_device(rank)
-        store = dist.TCPStore(_HOST, port, world_size + 1, is_master=False,
-                              timeout=timedelta(seconds=cfg.timeout_s))  # fmt: skip
-        dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=cfg.timeout_s))  # fmt: skip
-        result = target(rank, world_size, *args)
-        buf = _pickled(result)
-        write_bytes_atomic(Path(out_dir) / f"result{rank}.pt", buf)
-        dist.destroy_process_group()
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
-        write_json(Path(out_dir) / f"error{rank}.json", {
-            "rank": rank, "type": type(exc).__name__, "message": str(exc),
-            "domain": isinstance(exc, UmsearchError), "traceback": traceback.format_exc(),
-            "time": time.time(),
-        })  # fmt: skip
-        # Skip interpreter teardown: destroying a process group whose peers are gone can block.
-        os._exit(1)
-
-
-def _pickled(obj: Any) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return ENTRY_MODULE.encode() in cmdline and str(out).encode() in cmdline
 
 
 def local_rank_device(backend: str) -> torch.device:

@@ -36,24 +36,37 @@ ModelFactory = Callable[[], ModelLike]
 
 def plan_model_spec(plan: Plan, plan_path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The ``{"source", "args"}`` spec of the plan's model: its own, else its profile's."""
+    where = f"{plan_path}: " if plan_path else ""
+    fix = 'write it as "model": {"source": "gpt", "args": {"layers": 14}} (a zoo name or package.module:function)'
     spec = plan.meta.get("model")
+    origin = "the plan's 'model'"
     if spec is None and plan.profile is not None:
         prof_path = resolve_profile_path(plan, plan_path or ".")
         if prof_path is not None and prof_path.exists():
             spec = load_profile(prof_path).extra.get("model_spec")
-    if not isinstance(spec, dict) or not isinstance(spec.get("source"), str):
-        where = f"{plan_path}: " if plan_path else ""
+            origin = f"the 'model_spec' of profile {prof_path}"
+    if spec is None:
         raise PlanError(
             f"{where}the plan names no model to run (no 'model' key, and no profile with a "
-            "'model_spec'); add \"model\": {\"source\": \"gpt\", \"args\": {}} to the plan"
+            f"'model_spec'); add one: {fix}"
         )
+    if not isinstance(spec, dict) or not isinstance(spec.get("source"), str):
+        raise PlanError(f"{where}{origin} must be an object with a 'source' string and 'args', got {spec!r}; {fix}")
+    if not isinstance(spec.get("args", {}), dict):
+        raise PlanError(f"{where}{origin} has 'args' {spec['args']!r}, not an object of keyword arguments; {fix}")
     return spec
 
 
 def _build(spec: dict[str, Any], seed: int) -> ModelLike:
+    from umsearch.errors import ProfilingError
     from umsearch.models import ModelSpec, build_model
 
-    return build_model(ModelSpec.from_json(spec), seed=seed)
+    try:
+        return build_model(ModelSpec.from_json(spec), seed=seed)
+    except ProfilingError as exc:
+        # The builder's errors speak of profiling; here the model comes from the plan.
+        raise PlanError(f"cannot build the plan's model {spec.get('source')!r}: {exc}; fix the plan's "
+                        "'model' entry (or its profile's 'model_spec')") from None  # fmt: skip
 
 
 def spec_factory(spec: dict[str, Any], seed: int = 0) -> ModelFactory:

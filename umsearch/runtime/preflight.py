@@ -1,4 +1,10 @@
-"""Checks made before any process starts: a plan that cannot run is refused with the reason."""
+"""Checks made before a plan runs: a plan that cannot run is refused with the reason.
+
+The launching process runs :func:`preflight` (deadlock, layer count) before it
+starts anything; every rank runs :func:`rank_preflight` on the model it has
+built anyway (layer count, ``make_batch``, deadlock) before it talks to a
+peer, so a plan started straight with torchrun is refused just the same.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,8 @@ from umsearch.cost_model import CostModel
 from umsearch.errors import PlanError
 from umsearch.plan import Plan, validate_plan
 from umsearch.profile import LayerProfile, Link, Profile
-from umsearch.runtime.model import ModelLike
-from umsearch.simulator import simulate
+from umsearch.runtime.model import ModelFactory, ModelLike
+from umsearch.simulator import SimResult, simulate
 
 
 def structural_cost(num_layers: int) -> CostModel:
@@ -28,22 +34,30 @@ def structural_cost(num_layers: int) -> CostModel:
     return CostModel(profile)
 
 
-def check_deadlock(plan: Plan, cost: CostModel | None = None) -> None:
-    """Raise PlanError when the simulator finds that ``plan`` deadlocks."""
+def check_deadlock(plan: Plan, cost: CostModel | None = None) -> SimResult:
+    """Simulate ``plan`` (under ``cost``, else unit times); raise PlanError when it deadlocks."""
     res = simulate(plan, cost or structural_cost(plan.stages[-1].hi))
     if res.deadlock:
         raise PlanError(
             "the plan deadlocks (" + "; ".join(res.blocked) + "); raise the warmup of the stuck "
             "stages or align their microbatches with the neighbour's"
         )
+    return res
 
 
-def check_model(plan: Plan, model: ModelLike) -> None:
-    """Raise PlanError when ``plan`` does not fit ``model``'s layers or batches."""
-    try:
-        validate_plan(plan, len(model.layers))
-    except PlanError as exc:
-        raise PlanError(f"the plan does not fit the model: {exc}") from None
+def check_layers(plan: Plan, num_layers: int, what: str = "the model") -> None:
+    """Raise PlanError unless ``plan``'s stages tile exactly ``num_layers`` layers of ``what``."""
+    validate_plan(plan)
+    covered = plan.stages[-1].hi
+    if covered != num_layers:
+        raise PlanError(
+            f"the plan covers layers [0, {covered}) but {what} has {num_layers} layers; the last stage "
+            f"must end at layer {num_layers} (search again with a profile of this model)"
+        )
+
+
+def check_batch(plan: Plan, model: ModelLike) -> None:
+    """Raise PlanError unless ``model.make_batch(B)`` gives ``B`` samples on dim 0."""
     B = plan.global_batch
     inputs, targets = model.make_batch(B, torch.Generator().manual_seed(0))
     for what, t in (("inputs", inputs), ("targets", targets)):
@@ -55,7 +69,38 @@ def check_model(plan: Plan, model: ModelLike) -> None:
             )
 
 
-def preflight(plan: Plan, model: ModelLike, cost: CostModel | None = None) -> None:
-    """Every check :func:`umsearch.runtime.run.run_plan` makes before launching."""
+def check_model(plan: Plan, model: ModelLike) -> None:
+    """Raise PlanError when ``plan`` does not fit ``model``'s layers or batches."""
+    check_layers(plan, len(model.layers))
+    check_batch(plan, model)
+
+
+def count_layers(factory: ModelFactory) -> int:
+    """How many layers ``factory`` builds, cheaply where possible.
+
+    Built on the ``meta`` device, modules allocate and initialise no weights, so
+    counting the layers of a large model costs next to nothing; a builder that
+    cannot run on ``meta`` (it reads tensor values, loads a file) is built for real.
+    """
+    try:
+        with torch.device("meta"):
+            return len(factory().layers)
+    except Exception:  # noqa: BLE001 - any failure on meta: fall back to the real build below
+        pass
+    return len(factory().layers)
+
+
+def preflight(plan: Plan, factory: ModelFactory, cost: CostModel | None = None) -> SimResult:
+    """The launching process's checks: the plan fits the model's layers and does not deadlock.
+
+    Returns the simulation under ``cost`` (unit times without one), so callers
+    that also want the prediction simulate only once.
+    """
+    check_layers(plan, count_layers(factory))
+    return check_deadlock(plan, cost)
+
+
+def rank_preflight(plan: Plan, model: ModelLike) -> None:
+    """A rank's checks on the model it built, before it talks to any peer."""
     check_model(plan, model)
-    check_deadlock(plan, cost)
+    check_deadlock(plan)
