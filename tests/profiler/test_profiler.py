@@ -169,3 +169,46 @@ def test_last_layer_stash_includes_what_the_loss_saves() -> None:
     # Linear keeps its input (b*5 floats); mse_loss keeps the output and the target (b*3 each).
     assert inner == b * 5 * 4
     assert last == b * (5 + 3 + 3) * 4
+
+
+class _AliveCounter(torch.nn.Linear):
+    """Counts how many of its outputs are alive at once, and how many backwards ran."""
+
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+        self.alive: set[int] = set()
+        self.most_alive = 0
+        self.backwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import weakref
+
+        out = super().forward(x)
+        key = id(out)
+        self.alive.add(key)
+        self.most_alive = max(self.most_alive, len(self.alive))
+        weakref.finalize(out, self.alive.discard, key)
+        out.register_hook(lambda g: setattr(self, "backwards", self.backwards + 1) or g)
+        return out
+
+
+def test_forwards_are_timed_with_earlier_graphs_alive_as_in_a_pipeline() -> None:
+    from umsearch.profiler.measure import IN_FLIGHT, measure_layer
+
+    probe = _AliveCounter()
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    f_ms, b_ms, _, _ = measure_layer(probe, x, False, torch.nn.functional.mse_loss, y,
+                                     torch.device("cpu"), 2, 1, first=False)  # fmt: skip
+    # Fewer repeats than IN_FLIGHT still keep IN_FLIGHT graphs, each then back-propagated and timed.
+    assert probe.most_alive >= IN_FLIGHT
+    assert probe.backwards >= IN_FLIGHT
+    assert f_ms > 0 and b_ms > 0
+
+
+def test_parameter_free_first_layer_has_no_backward() -> None:
+    from umsearch.profiler.measure import measure_layer
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    f_ms, b_ms, out, _ = measure_layer(torch.nn.Tanh(), x, False, torch.nn.functional.mse_loss, y,
+                                       torch.device("cpu"), 2, 1, first=True)  # fmt: skip
+    assert f_ms > 0 and b_ms == 0.0 and out.shape == (3, 4)

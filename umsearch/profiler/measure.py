@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -27,17 +28,52 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
+T = TypeVar("T")
+
+IN_FLIGHT = 8
+"""Fewest forwards whose graphs a measurement keeps alive at once, as a pipeline stage keeps several."""
+
+
+def _timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
+    """``fn()`` and its wall time in ms (device work included)."""
+    _sync(device)
+    t = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, (time.perf_counter() - t) * 1e3
+
+
+def _pipelined_ms(fwd: Callable[[], torch.Tensor], device: torch.device, repeats: int, warmup: int) -> tuple[float, float]:
+    """Median forward and backward ms of ``fwd``'s graph, timed the way a pipeline stage runs them.
+
+    A stage keeps each forward's graph until that microbatch's backward, so
+    every forward of an iteration writes memory the previous forwards do not
+    free, and every backward reads stashes that have left the cache. Timing
+    forwards in a loop that frees each output reuses hot memory instead: on
+    this project's CPU such forwards came out 25-35% faster than the same
+    forwards inside the runtime. So, after ``warmup`` forward-backward pairs
+    (code paths warm), ``max(repeats, IN_FLIGHT)`` forwards run with every graph
+    kept, then their backwards, last first. A layer whose output needs no
+    gradient (a parameter-free first layer) has no backward.
+    """
     for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+        o = fwd()
+        if o.requires_grad:
+            o.backward(torch.ones_like(o))
+    outs: list[torch.Tensor] = []
+    f_times: list[float] = []
+    for _ in range(max(repeats, IN_FLIGHT)):
+        out, ms = _timed(fwd, device)
+        outs.append(out)
+        f_times.append(ms)
+    if not outs[0].requires_grad:
+        return statistics.median(f_times), 0.0
+    grad = torch.ones_like(outs[0])
+    b_times = []
+    while outs:
+        o = outs.pop()
+        b_times.append(_timed(lambda: o.backward(grad), device)[1])  # noqa: B023 - called at once
+    return statistics.median(f_times), statistics.median(b_times)
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -90,21 +126,11 @@ def measure_layer(
         out = module(inp)
         return loss(out, y) if last else out
 
-    f_ms = _median_ms(fwd, device, repeats, warmup)
+    f_ms, b_ms = _pipelined_ms(fwd, device, repeats, warmup)
     out, stash = saved_bytes(module, inp, (lambda o: loss(o, y)) if last else None)
     if not isinstance(out, torch.Tensor):
         raise ProfilingError(f"layer {type(module).__name__} returned {type(out).__name__}, not a tensor; "
                              "each layer must map one tensor to one tensor")  # fmt: skip
-    grad = torch.ones_like(out)
-
-    def bwd() -> None:
-        o = fwd()
-        if last:
-            o.backward()
-        else:
-            o.backward(grad)
-
-    b_ms = max(0.0, _median_ms(bwd, device, repeats, warmup) - f_ms)
     module.zero_grad(set_to_none=True)
     return f_ms, b_ms, out.detach(), stash
 
