@@ -107,7 +107,10 @@ def bench_worker(rank: int, world: int, spec: dict[str, Any], contenders: list[C
     out: list[dict[str, Any]] = [{"wall_ms": [], "stats": []} for _ in contenders]
     for r in range(rounds):
         x, y = model.make_batch(BATCH, torch.Generator().manual_seed(r))
-        for c, (runner, opt), rec in zip(contenders, built, out, strict=True):
+        # Rotate who goes first each round: a contender always running right after the same other
+        # one would inherit its cache and allocator state every time.
+        turn = [(r + i) % len(contenders) for i in range(len(contenders))]
+        for c, (runner, opt), rec in ((contenders[i], built[i], out[i]) for i in turn):
             if c.plan is None:
                 opt.zero_grad(set_to_none=True)
             dist.barrier()
