@@ -61,8 +61,8 @@ class Rules:
         return self.sizes[-1]
 
     @cached_property
-    def _snapped(self) -> tuple[int, ...]:
-        """``_snapped[v]``: the allowed size nearest ``v`` (the smaller on a tie), for ``v <= largest``."""
+    def snap_table(self) -> tuple[int, ...]:
+        """``snap_table[v]``: the allowed size nearest ``v`` (the smaller on a tie), for ``v <= largest``."""
         out = []
         for v in range(self.largest + 1):
             i = bisect_left(self.sizes, v)
@@ -79,10 +79,6 @@ class Rules:
         if not 0 < len(seq) <= self.max_count or sum(seq) != self.batch or not 1 <= seq[-1] <= self.largest:
             return False
         return self.allowed.issuperset(seq[:-1])
-
-    def snap(self, size: int) -> int:
-        """The allowed size nearest ``size`` (the smaller one on a tie)."""
-        return self._snapped[max(0, min(size, self.largest))]
 
     def warmup(self, stage: int, count: int, wanted: int) -> int:
         """The warmup a stage of ``count`` forwards gets under the schedule family."""
@@ -105,7 +101,7 @@ def repair_sequence(seq: Sequence[int], rules: Rules) -> tuple[int, ...]:
         return tuple(seq)
     out: list[int] = []
     left = rules.batch
-    snapped, top = rules._snapped, rules.largest
+    snapped, top = rules.snap_table, rules.largest
     for v in seq:
         if left == 0:
             break
