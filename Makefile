@@ -27,18 +27,18 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
 
 bench: $(STAMP)
-	$(BIN)/python -m umsearch.bench
-	$(BIN)/python -m umsearch.bench_runtime
+	$(BIN)/python -m benchmarks.sim_and_search
+	$(BIN)/python -m benchmarks.runtime
 
 lint: $(STAMP)
-	$(BIN)/ruff check umsearch tests
+	$(BIN)/ruff check umsearch tests benchmarks
 	$(BIN)/mypy
 
 SPACES := $(wildcard search_spaces/*.toml)
 SWEEP_OUT := $(patsubst search_spaces/%.toml,results/sweep/%/plan.json,$(SPACES))
 
 sweep: $(SWEEP_OUT)
-	$(BIN)/python -m umsearch.sweep results/sweep
+	$(BIN)/python -m benchmarks.sweep results/sweep
 
 results/sweep/%/plan.json: search_spaces/%.toml $(STAMP)
 	$(BIN)/umsearch search $< --out results/sweep/$* --quiet

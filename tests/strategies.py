@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from umsearch.plan import Plan, StagePlan
-from umsearch.profile import LayerProfile, Link, Profile
+from umsearch.core.plan import Plan, StagePlan
+from umsearch.core.profile import LayerProfile, Link, Profile
 
 
 def uniform_profile(

@@ -9,8 +9,8 @@ import pytest
 
 from tests.strategies import uniform_profile
 from umsearch.cli import main
-from umsearch.plan import Plan, save_plan, uniform_plan
-from umsearch.profile import save_profile
+from umsearch.core.plan import Plan, save_plan, uniform_plan
+from umsearch.core.profile import save_profile
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -38,7 +38,7 @@ def test_simulate_json(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_simulate_deadlock_exits_zero(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    plan = {"schema": "umsearch.plan/1", "global_batch": 8, "profile": "prof.json", "stages": [
+    plan = {"schema": "umsearch.core.plan/1", "global_batch": 8, "profile": "prof.json", "stages": [
         {"layers": [0, 2], "forward": [1, 3, 4], "backward": [2, 6], "warmup": 1, "recompute": True},
         {"layers": [2, 4], "forward": [4, 4], "backward": [8], "warmup": 2, "recompute": True}]}  # fmt: skip
     (files / "dead.json").write_text(json.dumps(plan))
@@ -51,14 +51,14 @@ def _bad_plan(base: dict, **change: object) -> dict:  # type: ignore[type-arg]
     return {**base, **change}
 
 
-PLAN = {"schema": "umsearch.plan/1", "global_batch": 4, "profile": "prof.json",
+PLAN = {"schema": "umsearch.core.plan/1", "global_batch": 4, "profile": "prof.json",
         "stages": [{"layers": [0, 2], "forward": [2, 2], "warmup": 2}, {"layers": [2, 4], "forward": [4], "warmup": 1}]}  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "change,match",
     [
-        ({"schema": "umsearch.plan/0"}, "unknown plan schema"),
+        ({"schema": "umsearch.core.plan/0"}, "unknown plan schema"),
         ({"global_batch": 5}, "sums to 4 but global_batch is 5"),
         ({"stages": [{"layers": [0, 3], "forward": [4], "warmup": 1}]}, "model has 4 layers"),
         ({"stages": [{"layers": [0, 2], "forward": [4], "warmup": 1}, {"layers": [3, 4], "forward": [4], "warmup": 1}]}, "previous stage ends at 2"),
@@ -84,7 +84,7 @@ PROFILE_CHANGES = [
     (lambda p: p["layers"][1].update(fwd_ms=[1.0, -1.0]), r"layers\[1\].fwd_ms\[1\] must be non-negative"),
     (lambda p: p["layers"][0].update(bwd_ms=[1.0]), r"layers\[0\].bwd_ms has 1 values"),
     (lambda p: p["link"].update(bandwidth_gb_per_s=0), "bandwidth_gb_per_s must be positive"),
-    (lambda p: p.update(schema="umsearch.profile/9"), "unknown profile schema"),
+    (lambda p: p.update(schema="umsearch.core.profile/9"), "unknown profile schema"),
     (lambda p: p["layers"][2].pop("stash_bytes"), r"missing field layers\[2\].'stash_bytes'"),
     (lambda p: p.update(input_bytes="big"), "input_bytes must be a number"),
 ]

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from umsearch.plan import Plan, StagePlan
+from umsearch.core.plan import Plan, StagePlan
 
 WIDTH = 6
 IN = 5
@@ -222,7 +222,7 @@ MLP_SPEC: dict[str, Any] = {"source": "mlp", "args": {"width": 16}}
 
 def zoo_two_stage_plan(spec: dict[str, Any] = MLP_SPEC, batch: int = 8) -> Plan:
     """A 2-stage plan with unequal microbatches over the whole of ``spec``'s layers."""
-    from umsearch.models import ModelSpec, build_model
+    from umsearch.measure.models import ModelSpec, build_model
 
     L = len(build_model(ModelSpec.from_json(spec)).layers)
     cut = L // 2

@@ -14,20 +14,20 @@ from click.testing import CliRunner
 
 from tests.runtime.helpers import zoo_two_stage_plan
 from tests.strategies import uniform_profile
-from umsearch.cost_model import CostModel
-from umsearch.errors import PlanError, RuntimeExecutionError
-from umsearch.plan import load_plan, save_plan
-from umsearch.profile import file_sha256, save_profile
-from umsearch.runtime.command import (
+from umsearch.cli.pictures import chrome_trace_events
+from umsearch.cli.run import (
     entry_argv,
     plan_cost,
     run_command,
     run_warnings,
     validate_command,
 )
+from umsearch.core.cost import CostModel
+from umsearch.core.errors import PlanError, RuntimeExecutionError
+from umsearch.core.plan import load_plan, save_plan
+from umsearch.core.profile import file_sha256, save_profile
 from umsearch.runtime.config import LaunchConfig, RunConfig
-from umsearch.simulator import simulate
-from umsearch.viz import chrome_trace_events
+from umsearch.sim.reference import simulate
 
 
 def _plan(tmp: Path, *, profile: str | None = None, deadlock: bool = False,

@@ -28,8 +28,8 @@ from tests.runtime.helpers import (
     tiny_model,
     zoo_two_stage_plan,
 )
-from umsearch.errors import RuntimeExecutionError
-from umsearch.plan import Plan, StagePlan, save_plan
+from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.plan import Plan, StagePlan, save_plan
 from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.launch import launch
 from umsearch.runtime.run import merge, run_plan

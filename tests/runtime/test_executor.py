@@ -20,13 +20,13 @@ from tests.runtime.helpers import (
     run_threaded,
     tiny_model,
 )
-from umsearch.errors import RuntimeExecutionError
-from umsearch.plan import Plan, StagePlan
+from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.plan import Plan, StagePlan
 from umsearch.runtime.executor import HEADER_TAG, RECV_WINDOW, StageExecutor
 from umsearch.runtime.model import stage_module
 from umsearch.runtime.preflight import structural_cost
 from umsearch.runtime.shapes import SampleShape, encode
-from umsearch.simulator import simulate
+from umsearch.sim.reference import simulate
 
 SEED = 7
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.runtime.helpers import sleeping_worker
-from umsearch.errors import RuntimeExecutionError
+from umsearch.core.errors import RuntimeExecutionError
 from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.launch import ENTRY_MODULE, launch, torchrun_command
 from umsearch.runtime.torchrun import config_from_args, parser

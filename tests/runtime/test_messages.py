@@ -6,8 +6,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from umsearch.core.samples import chunk_overlaps as pieces
 from umsearch.runtime.messages import assemble, last_use, releases
-from umsearch.schedule import chunk_overlaps as pieces
 
 
 def test_pieces_split_and_join() -> None:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.runtime.helpers import TinyModel, plan_of, tiny_model
-from umsearch.errors import PlanError
-from umsearch.plan import Plan, StagePlan
+from umsearch.core.errors import PlanError
+from umsearch.core.plan import Plan, StagePlan
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.model import plan_model_spec, spec_factory
 from umsearch.runtime.preflight import check_deadlock, check_model, count_layers, preflight

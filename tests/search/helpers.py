@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from umsearch.plan import Plan, validate_plan
+from umsearch.core.plan import Plan, validate_plan
 from umsearch.search.genome import Rules
 
 

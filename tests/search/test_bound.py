@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import plans, profiles, uniform_profile
-from umsearch.cost_model import CostModel
-from umsearch.plan import uniform_plan
-from umsearch.profile import Profile
+from umsearch.core.cost import CostModel
+from umsearch.core.plan import uniform_plan
+from umsearch.core.profile import Profile
 from umsearch.search.bound import lower_bound, min_compute_table
 from umsearch.search.space import build_space
-from umsearch.simulator import simulate
+from umsearch.sim.reference import simulate
 
 
 def _space(stages: int, batch: int):  # type: ignore[no-untyped-def]

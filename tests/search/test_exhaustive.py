@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from umsearch.cost_model import CostModel
-from umsearch.errors import SearchSpaceError
-from umsearch.profile import save_profile
+from umsearch.core.cost import CostModel
+from umsearch.core.errors import SearchSpaceError
+from umsearch.core.profile import save_profile
+from umsearch.measure.synthetic import simnet_profile
 from umsearch.search.baselines import equal_baseline
 from umsearch.search.bound import lower_bound
 from umsearch.search.exhaustive import compositions, exhaustive_optimum
 from umsearch.search.space import build_space
-from umsearch.workloads import simnet_profile
 
 
 def test_compositions() -> None:

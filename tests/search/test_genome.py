@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.search.helpers import assert_obeys, rules_st
-from umsearch.errors import SearchSpaceError
+from umsearch.core.errors import SearchSpaceError
 from umsearch.search.genome import (
     Rules,
     make_plan,

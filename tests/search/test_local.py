@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from umsearch.cost_model import CostModel
-from umsearch.plan import uniform_plan
+from umsearch.core.cost import CostModel
+from umsearch.core.plan import uniform_plan
+from umsearch.measure.synthetic import simnet_profile
 from umsearch.search.genome import Rules
 from umsearch.search.local import ClimbConfig, Step, climb, iterated_climb
 from umsearch.search.scoring import Scorer
-from umsearch.simulator import simulate
-from umsearch.workloads import simnet_profile
+from umsearch.sim.reference import simulate
 
 RULES = Rules(num_layers=12, stages=3, batch=48, sizes=tuple(range(1, 49)), max_count=48, schedule="any",
               recompute=True)  # fmt: skip

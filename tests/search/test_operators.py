@@ -9,7 +9,7 @@ from pymoo.core.population import Population
 
 from tests.search.helpers import assert_obeys, rules_st
 from tests.strategies import partitions
-from umsearch.plan import Plan, uniform_plan
+from umsearch.core.plan import Plan, uniform_plan
 from umsearch.search.genome import Rules
 from umsearch.search.moves import neighbour
 from umsearch.search.operators import (

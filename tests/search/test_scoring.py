@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from tests.strategies import uniform_profile
-from umsearch.cost_model import CostModel
-from umsearch.plan import Plan, StagePlan, uniform_plan
+from umsearch.core.cost import CostModel
+from umsearch.core.plan import Plan, StagePlan, uniform_plan
 from umsearch.search.scoring import Scorer
 
 # MODEL.md section 6: this two-stage recompute plan deadlocks.

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from umsearch.cost_model import CostModel
-from umsearch.errors import NoFeasiblePlanError, SearchSpaceError
-from umsearch.plan import load_plan
-from umsearch.profile import load_profile, save_profile
+from umsearch.cli.report import write_outputs
+from umsearch.core.cost import CostModel
+from umsearch.core.errors import NoFeasiblePlanError, SearchSpaceError
+from umsearch.core.plan import load_plan
+from umsearch.core.profile import load_profile, save_profile
+from umsearch.measure.synthetic import simnet_profile
 from umsearch.search.bound import lower_bound
 from umsearch.search.driver import Progress, run_search
 from umsearch.search.exhaustive import exhaustive_optimum
-from umsearch.search.report import write_outputs
 from umsearch.search.space import build_space, load_space, parse_bytes
-from umsearch.simulator import simulate
-from umsearch.workloads import simnet_profile
+from umsearch.sim.reference import simulate
 
 
 def _tiny(tmp_path: Path, seed: int = 3, **kw: object):  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 import torch
 import torch.distributed as dist
 
-from umsearch.errors import RuntimeExecutionError
+from umsearch.core.errors import RuntimeExecutionError
 
 Peer = Literal["prev", "next"]
 

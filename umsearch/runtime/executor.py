@@ -8,7 +8,7 @@ full-batch mean loss: each microbatch's mean loss is weighted by its share
 ``b / B`` of the batch.
 
 Per iteration all stages meet at a barrier, then the ops run in
-:func:`umsearch.schedule.op_order`. Receives are posted in a bounded window:
+:func:`umsearch.core.samples.op_order`. Receives are posted in a bounded window:
 before each op a stage makes sure the receives of its next
 :data:`RECV_WINDOW` microbatches of each direction are posted (one buffer per
 message, shapes from the plan and the one-off shape header), so messages land
@@ -44,14 +44,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from umsearch.errors import RuntimeExecutionError
-from umsearch.plan import Plan, StagePlan, validate_plan
+from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.plan import Plan, StagePlan, validate_plan
+from umsearch.core.samples import chunk_overlaps, cumulative, op_order
 from umsearch.runtime.comm import Comm, Handle, Peer
 from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
 from umsearch.runtime.timing import StampClock
-from umsearch.schedule import chunk_overlaps, cumulative, op_order
-from umsearch.simulator import OpRecord
+from umsearch.sim.reference import OpRecord
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 HEADER_TAG = 1 << 24

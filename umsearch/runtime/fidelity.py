@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from umsearch.cost_model import CostModel
-from umsearch.errors import PlanError
-from umsearch.plan import Plan
+from umsearch.core.cost import CostModel
+from umsearch.core.errors import PlanError
+from umsearch.core.plan import Plan
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.model import ModelFactory
 from umsearch.runtime.preflight import preflight
 from umsearch.runtime.run import RunResult, run_plan
-from umsearch.simulator import simulate
+from umsearch.sim.reference import simulate
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ on one node. ``--standalone`` lets torchrun pick a free port, so concurrent
 launches never race for one. Each rank writes its pid when it starts, then
 ``result{rank}.pkl`` when it succeeds or ``error{rank}.json`` (type, message,
 traceback, time) when it fails. torchrun stops the other ranks when one fails;
-this module then raises :class:`~umsearch.errors.RuntimeExecutionError` with
+this module then raises :class:`~umsearch.core.errors.RuntimeExecutionError` with
 the earliest failure as one line, and makes sure no rank outlives the launch
 (also on the run time limit, or when the caller is interrupted).
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from umsearch.errors import RuntimeExecutionError
+from umsearch.core.errors import RuntimeExecutionError
 from umsearch.runtime.config import LaunchConfig
 
 __all__ = ["ENTRY_MODULE", "LaunchConfig", "launch", "launch_entry", "local_rank_device"]

@@ -3,7 +3,7 @@ slicing that builds a microbatch from messages.
 
 A message is one microbatch of the sender (MODEL.md section 4); the receiver
 partitions the same samples its own way. Which slices of which messages make up
-a receiver microbatch is :func:`umsearch.schedule.chunk_overlaps` (``(message,
+a receiver microbatch is :func:`umsearch.core.samples.chunk_overlaps` (``(message,
 offset, count)`` triples); everything here is a pure function of the two size
 lists, so the sender and the receiver agree without talking.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from umsearch.schedule import chunk_overlaps
+from umsearch.core.samples import chunk_overlaps
 
 Piece = tuple[int, int, int]
 """``(message, offset in the message, count)``: one slice of a receiver microbatch."""

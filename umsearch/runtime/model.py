@@ -14,13 +14,13 @@ from typing import Any, Protocol
 
 import torch
 
-from umsearch.errors import PlanError
-from umsearch.plan import Plan, resolve_profile_path
-from umsearch.profile import load_profile
+from umsearch.core.errors import PlanError
+from umsearch.core.plan import Plan, resolve_profile_path
+from umsearch.core.profile import load_profile
 
 
 class ModelLike(Protocol):
-    """What the runtime needs of a model (:class:`umsearch.models.BuiltModel` is one)."""
+    """What the runtime needs of a model (:class:`umsearch.measure.models.BuiltModel` is one)."""
 
     @property
     def layers(self) -> Sequence[torch.nn.Module]: ...
@@ -58,8 +58,8 @@ def plan_model_spec(plan: Plan, plan_path: str | os.PathLike[str] | None = None)
 
 
 def _build(spec: dict[str, Any], seed: int) -> ModelLike:
-    from umsearch.errors import ProfilingError
-    from umsearch.models import ModelSpec, build_model
+    from umsearch.core.errors import ProfilingError
+    from umsearch.measure.models import ModelSpec, build_model
 
     try:
         return build_model(ModelSpec.from_json(spec), seed=seed)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from umsearch.cost_model import CostModel
-from umsearch.errors import PlanError
-from umsearch.plan import Plan, validate_plan
-from umsearch.profile import LayerProfile, Link, Profile
+from umsearch.core.cost import CostModel
+from umsearch.core.errors import PlanError
+from umsearch.core.plan import Plan, validate_plan
+from umsearch.core.profile import LayerProfile, Link, Profile
 from umsearch.runtime.model import ModelFactory, ModelLike
-from umsearch.simulator import SimResult, simulate
+from umsearch.sim.reference import SimResult, simulate
 
 
 def structural_cost(num_layers: int) -> CostModel:

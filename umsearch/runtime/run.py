@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from umsearch.cost_model import CostModel
-from umsearch.plan import Plan
+from umsearch.core.cost import CostModel
+from umsearch.core.plan import Plan
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import OpTiming
 from umsearch.runtime.launch import launch, launch_entry

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from umsearch.errors import RuntimeExecutionError
+from umsearch.core.errors import RuntimeExecutionError
 
 HEADER_LEN = 16
 """int64 words in a header: dtype code, number of dims, then up to 14 dims."""

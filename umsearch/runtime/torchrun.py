@@ -34,9 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from umsearch.errors import UmsearchError
-from umsearch.jsonio import write_bytes_atomic, write_json
-from umsearch.plan import load_plan
+from umsearch.core.errors import UmsearchError
+from umsearch.core.jsonio import write_bytes_atomic, write_json
+from umsearch.core.plan import load_plan
 from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.model import ModelFactory, plan_model_spec, spec_factory
 from umsearch.runtime.worker import StageReport, stage_worker

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from umsearch.errors import RuntimeExecutionError
-from umsearch.plan import plan_from_json
+from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.plan import plan_from_json
 from umsearch.runtime.comm import StageComm
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import IterationStats, StageExecutor

@@ -17,5 +17,5 @@ Data flow, one module per idea:
   one batch-evaluator call.
 - :mod:`~umsearch.search.local`: iterated local search that polishes the best plans.
 - :mod:`~umsearch.search.driver`: baselines -> NSGA-II -> polish -> Pareto front.
-- :mod:`~umsearch.search.report` and :mod:`~umsearch.search.command`: outputs and the CLI.
+- :mod:`~umsearch.cli.report` and :mod:`~umsearch.cli.search`: outputs and the CLI.
 """

@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from umsearch.cost_model import CostModel
-from umsearch.plan import Plan, StagePlan, equal_split, uniform_plan
+from umsearch.core.cost import CostModel
+from umsearch.core.plan import Plan, StagePlan, equal_split, uniform_plan
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
 

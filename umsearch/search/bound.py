@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from umsearch.cost_model import CostModel
+from umsearch.core.cost import CostModel
 from umsearch.search.space import SearchSpace
 
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
 
-from umsearch.cost_model import CostModel
-from umsearch.errors import NoFeasiblePlanError
-from umsearch.plan import Plan
-from umsearch.profile import Profile
+from umsearch.core.cost import CostModel
+from umsearch.core.errors import NoFeasiblePlanError
+from umsearch.core.plan import Plan
+from umsearch.core.profile import Profile
 from umsearch.search.baselines import bottleneck_cuts, equal_plans, greedy_baseline, range_costs
 from umsearch.search.bound import lower_bound
 from umsearch.search.genome import Rules, cuts_of

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from umsearch.cost_model import CostModel
-from umsearch.errors import SearchSpaceError
-from umsearch.plan import Plan, StagePlan
+from umsearch.core.cost import CostModel
+from umsearch.core.errors import SearchSpaceError
+from umsearch.core.plan import Plan, StagePlan
 from umsearch.search.baselines import all_cuts
 from umsearch.search.genome import Rules, repair_sequence
 from umsearch.search.scoring import Scored, Scorer

@@ -1,11 +1,11 @@
 """The genome is the plan itself; this module holds the rules it obeys in a space, and its repair.
 
-A genome is a :class:`~umsearch.plan.Plan` without ``predicted``: cuts, and per
+A genome is a :class:`~umsearch.core.plan.Plan` without ``predicted``: cuts, and per
 stage its forward and backward lists, warmup and recompute flag. Variation
 operators may leave a plan breaking the space's rules (a list not summing to
 ``B``, too many microbatches, a warmup outside ``1..len(forward)``, crossed
 cuts); :func:`repair` maps any such plan to the nearest valid one, so every
-candidate the evaluator sees passes :func:`umsearch.plan.validate_plan`.
+candidate the evaluator sees passes :func:`umsearch.core.plan.validate_plan`.
 Deadlocks are not repaired: they are scored infeasible.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from umsearch.errors import SearchSpaceError
-from umsearch.plan import Plan, StagePlan
+from umsearch.core.errors import SearchSpaceError
+from umsearch.core.plan import Plan, StagePlan
 from umsearch.search.space import SearchSpace
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from umsearch.plan import Plan
+from umsearch.core.plan import Plan
 from umsearch.search.genome import Rules
 from umsearch.search.moves import neighbour
 from umsearch.search.scoring import Scorer

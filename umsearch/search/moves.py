@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from umsearch.plan import Plan
+from umsearch.core.plan import Plan
 from umsearch.search.genome import Rules, cuts_of, make_plan, shaped_sequence
 
 SHARED_PROB = 0.5

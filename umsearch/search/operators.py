@@ -1,7 +1,7 @@
 """NSGA-II's operators on plan genomes: sampling, crossover, mutation, repair, duplicate elimination.
 
 Each overrides pymoo's ``_do`` and works on object arrays whose one column
-holds a :class:`~umsearch.plan.Plan`. All randomness comes from the
+holds a :class:`~umsearch.core.plan.Plan`. All randomness comes from the
 ``random_state`` pymoo passes in, so a seed fixes the whole search.
 """
 
@@ -18,8 +18,8 @@ from pymoo.core.problem import Problem
 from pymoo.core.repair import Repair
 from pymoo.core.sampling import Sampling
 
-from umsearch.plan import Plan
-from umsearch.schedule import cumulative
+from umsearch.core.plan import Plan
+from umsearch.core.samples import cumulative
 from umsearch.search.genome import Rules, repair
 from umsearch.search.moves import Genes, cut_move, neighbour, random_shape
 

@@ -17,7 +17,7 @@ DEADLOCK_MS = 1e18
 class PlanProblem(Problem):
     """Minimize iteration time and the fullest stage's memory.
 
-    A genome is one :class:`~umsearch.plan.Plan` (``X`` has one object column).
+    A genome is one :class:`~umsearch.core.plan.Plan` (``X`` has one object column).
     ``G[0]`` is the memory over the limit (relative), ``G[1]`` is 1 on deadlock.
     """
 

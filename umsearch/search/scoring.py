@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from umsearch.batch_eval import evaluate, pack_plans
-from umsearch.cost_model import CostModel
-from umsearch.plan import Plan
+from umsearch.core.cost import CostModel
+from umsearch.core.plan import Plan
+from umsearch.sim.batch import evaluate, pack_plans
 
 
 @dataclass(frozen=True, kw_only=True)

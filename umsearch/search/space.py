@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from umsearch.errors import SearchSpaceError
+from umsearch.core.errors import SearchSpaceError
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
@@ -36,7 +36,7 @@ class SearchSpace:
     name: str
     """Space name; outputs default to ``results/<name>/``."""
     profile: str
-    """Path of the ``umsearch.profile/1`` file (relative to the TOML file)."""
+    """Path of the ``umsearch.core.profile/1`` file (relative to the TOML file)."""
     stages: int
     """Pipeline stages S (devices)."""
     global_batch: int

@@ -1,0 +1,1 @@
+"""The bundled search spaces and profiles, installed as ``umsearch.data`` (see setup.cfg)."""

@@ -1,0 +1,85 @@
+"""Measure the stage-to-stage link: a real two-process ping-pong over torch.distributed.
+
+Half a round trip of ``n`` bytes is taken as one message; a least-squares line
+through (bytes, ms) gives latency (intercept) and bandwidth (1 / slope).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from umsearch.core.errors import ProfilingError
+
+DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
+
+
+def fit_link(sizes_bytes: Sequence[float], times_ms: Sequence[float]) -> tuple[float, float]:
+    """``(latency_ms, bandwidth_gb_per_s)`` of the least-squares line ``t = a + n / (bw * 1e6)``."""
+    n, t = np.asarray(sizes_bytes, dtype=float), np.asarray(times_ms, dtype=float)
+    if len(n) < 2 or np.ptp(n) == 0:
+        raise ProfilingError("fitting a link needs messages of at least two different sizes")
+    slope, intercept = np.polyfit(n, t, 1)
+    if slope <= 0:
+        raise ProfilingError(f"link times do not grow with message size (slope {slope:.3g} ms/B); state the link with --link-latency-ms/--link-bandwidth-gbps")
+    return max(0.0, float(intercept)), float(1.0 / (slope * 1e6))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pingpong(rank: int, port: int, backend: str, sizes: Sequence[int], repeats: int, out: dict[int, float]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, rank=rank, world_size=2)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    try:
+        for n in sizes:
+            buf = torch.zeros(n // 4, dtype=torch.float32, device=device)
+            times = []
+            for _ in range(repeats + 2):
+                dist.barrier()
+                t = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                else:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append((time.perf_counter() - t) * 1e3 / 2)
+            if rank == 0:
+                out[n] = statistics.median(times[2:])
+    finally:
+        dist.destroy_process_group()
+
+
+def link_times(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10) -> dict[int, float]:
+    """Median one-way time (ms) of a message of each size in bytes between two processes."""
+    if backend == "nccl" and torch.cuda.device_count() < 2:
+        raise ProfilingError("measuring an NCCL link needs two GPUs here; state it with --link-latency-ms/--link-bandwidth-gbps")
+    manager = mp.Manager()
+    out = manager.dict()
+    mp.start_processes(_pingpong, args=(_free_port(), backend, list(sizes), repeats, out), nprocs=2, start_method="spawn")
+    raw = {int(k): float(v) for k, v in out.items()}
+    manager.shutdown()
+    return raw
+
+
+def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10) -> tuple[float, float, dict[int, float]]:
+    """Latency, bandwidth and the raw one-way times of a two-process link."""
+    raw = link_times(backend, sizes, repeats)
+    lat, bw = fit_link(list(raw), list(raw.values()))
+    return lat, bw, raw
