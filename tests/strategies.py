@@ -2,50 +2,60 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+
 from hypothesis import strategies as st
 
-from umsearch.core.plan import Plan, StagePlan
-from umsearch.core.profile import LayerProfile, Link, Profile
+from umsearch.core.actions import Action
+from umsearch.core.plan import Plan, Stage
+from umsearch.core.profile import LayerProfile, Link, Profile, RuntimeCosts
+from umsearch.core.samples import spans
 
 
 def uniform_profile(
-    layers: int = 4,
-    fwd: float = 1.0,
-    bwd: float = 2.0,
-    out_bytes: float = 0.0,
-    stash: float = 10.0,
-    params: float = 100.0,
-    latency: float = 0.0,
-    bandwidth: float = 1.0,
-) -> Profile:
-    """Every layer costs the same at every size."""
+    layers: int = 4, fwd: float = 1.0, bwd: float = 2.0, out_bytes: float = 0.0, stash: float = 10.0,
+    params: float = 100.0, latency: float = 0.0, bandwidth: float = 1.0, split: bool = True,
+    op_overhead_ms: float = 0.0, message_overhead_ms: float = 0.0,
+) -> Profile:  # fmt: skip
+    """Every layer costs the same at every size; with ``split``, I and W are half a backward each."""
+    half = (bwd / 2, bwd / 2)
     lay = tuple(
-        LayerProfile(name=f"l{i}", fwd_ms=(fwd, fwd), bwd_ms=(bwd, bwd), out_bytes=out_bytes,
-                     stash_bytes=stash, param_bytes=params)
+        LayerProfile(name=f"l{i}", fwd_ms=(fwd, fwd), bwd_ms=(bwd, bwd), out_bytes=out_bytes, stash_bytes=stash,
+                     param_bytes=params, bwd_input_ms=half if split else None, bwd_weight_ms=half if split else None)
         for i in range(layers)
     )  # fmt: skip
-    return Profile(model="uniform", device="none", dtype="fp32", microbatch_sizes=(1, 2),
-                   input_bytes=out_bytes, layers=lay, link=Link(latency_ms=latency,
-                   bandwidth_gb_per_s=bandwidth))  # fmt: skip
+    return Profile(model="uniform", device="none", dtype="fp32", microbatch_sizes=(1, 2), input_bytes=out_bytes,
+                   layers=lay, link=Link(latency_ms=latency, bandwidth_gb_per_s=bandwidth),
+                   runtime=RuntimeCosts(op_overhead_ms=op_overhead_ms, message_overhead_ms=message_overhead_ms))  # fmt: skip
 
 
 @st.composite
-def profiles(draw: st.DrawFn, min_layers: int = 2, max_layers: int = 6) -> Profile:
-    """Random valid profiles with sub-linear, linear and super-linear layers and a real link."""
+def profiles(draw: st.DrawFn, min_layers: int = 2, max_layers: int = 6, split: bool | None = None,
+             overheads: bool = True) -> Profile:  # fmt: skip
+    """Random valid profiles: sub-linear, linear and super-linear layers, a real link, optional I/W
+    split (always, never, or drawn when ``split`` is None) and optional runtime overheads."""
     n = draw(st.integers(min_layers, max_layers))
     sizes = draw(st.sampled_from([(1, 2), (1, 2, 4), (1, 2, 4, 8), (1, 3, 8)]))
-    pos = st.floats(0.0, 5.0, allow_nan=False)
+    has_split = draw(st.booleans()) if split is None else split
     layers = []
     for i in range(n):
         base_f, base_b = draw(st.floats(0.01, 2.0)), draw(st.floats(0.01, 4.0))
-        fwd = tuple(base_f * s ** draw(st.floats(0.3, 1.2)) + draw(pos) * 0.01 for s in sizes)
-        bwd = tuple(base_b * s ** draw(st.floats(0.3, 1.2)) for s in sizes)
-        layers.append(LayerProfile(name=f"l{i}", fwd_ms=tuple(sorted(fwd)), bwd_ms=tuple(sorted(bwd)),
-                                   out_bytes=draw(st.floats(0, 1e6)), stash_bytes=draw(st.floats(0, 1e5)),
-                                   param_bytes=draw(st.floats(0, 1e7))))  # fmt: skip
+        fwd = tuple(sorted(base_f * s ** draw(st.floats(0.3, 1.2)) for s in sizes))
+        bwd = tuple(sorted(base_b * s ** draw(st.floats(0.3, 1.2)) for s in sizes))
+        share = draw(st.floats(0.2, 0.8))
+        layers.append(LayerProfile(
+            name=f"l{i}", fwd_ms=fwd, bwd_ms=bwd, out_bytes=draw(st.floats(0, 1e6)),
+            stash_bytes=draw(st.floats(0, 1e5)), param_bytes=draw(st.floats(0, 1e7)),
+            bwd_input_ms=tuple(v * share for v in bwd) if has_split else None,
+            bwd_weight_ms=tuple(v * (1.1 - share) for v in bwd) if has_split else None,
+        ))  # fmt: skip
     link = Link(latency_ms=draw(st.floats(0, 0.5)), bandwidth_gb_per_s=draw(st.floats(0.1, 100)))
+    runtime = RuntimeCosts()
+    if overheads and draw(st.booleans()):
+        runtime = RuntimeCosts(op_overhead_ms=draw(st.floats(0, 0.3)), message_overhead_ms=draw(st.floats(0, 0.2)))
     return Profile(model="random", device="none", dtype="fp32", microbatch_sizes=sizes,
-                   input_bytes=draw(st.floats(0, 1e5)), layers=tuple(layers), link=link)  # fmt: skip
+                   input_bytes=draw(st.floats(0, 1e5)), layers=tuple(layers), link=link, runtime=runtime)  # fmt: skip
 
 
 @st.composite
@@ -58,18 +68,85 @@ def partitions(draw: st.DrawFn, batch: int, max_parts: int = 6) -> tuple[int, ..
 
 
 @st.composite
-def plans(draw: st.DrawFn, num_layers: int, max_batch: int = 12) -> Plan:
-    """Random valid plans, deadlocking ones included (recompute lets backward differ)."""
-    S = draw(st.integers(1, min(num_layers, 4)))
-    inner = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=S - 1, max_size=S - 1)))
+def placements(draw: st.DrawFn, ranks: int, stages: int) -> tuple[int, ...]:
+    """Rank of each stage, every rank used: one per rank, looped, V-shaped or arbitrary."""
+    kinds = ["arbitrary"]
+    if stages == ranks:
+        kinds.append("one")
+    if stages % ranks == 0:
+        kinds.append("loop")
+    if stages == 2 * ranks:
+        kinds.append("vshape")
+    kind = draw(st.sampled_from(kinds))
+    if kind in ("one", "loop"):
+        return tuple(j % ranks for j in range(stages))
+    if kind == "vshape":
+        return tuple(j if j < ranks else 2 * ranks - 1 - j for j in range(stages))
+    rest = draw(st.lists(st.integers(0, ranks - 1), min_size=stages - ranks, max_size=stages - ranks))
+    order = draw(st.permutations([*range(ranks), *rest]))
+    return tuple(order)
+
+
+def random_orders(stages: Sequence[Stage], ranks: int, split: Sequence[Sequence[bool]], rng: random.Random,
+                  causal: bool) -> tuple[tuple[Action, ...], ...]:  # fmt: skip
+    """Random valid action lists (MODEL.md section 3).
+
+    ``causal``: the lists are a random global order that respects every input
+    across stages too, projected onto the ranks, so the plan cannot deadlock;
+    otherwise only each stage's own rules hold and deadlocks are likely.
+    """
+    S = len(stages)
+    pending: set[Action] = set()
+    needs: dict[Action, list[Action]] = {}
+    for j, s in enumerate(stages):
+        fwd_of_bwd = spans(s.forward, s.backward)
+        grad = spans(stages[j + 1].backward, s.backward) if j + 1 < S else None
+        prev = spans(stages[j - 1].forward, s.forward) if j > 0 else None
+        for k in range(len(s.forward)):
+            a = Action(j, "F", k)
+            pending.add(a)
+            needs[a] = [Action(j - 1, "F", i) for i in prev[k]] if causal and prev is not None else []
+        for k in range(len(s.backward)):
+            own = [Action(j, "F", f) for f in fwd_of_bwd[k]]
+            if causal and grad is not None:
+                own += [Action(j + 1, "I" if split[j + 1][i] else "B", i) for i in grad[k]]
+            if split[j][k]:
+                i_act, w_act = Action(j, "I", k), Action(j, "W", k)
+                pending |= {i_act, w_act}
+                needs[i_act], needs[w_act] = own, [i_act]
+            else:
+                b_act = Action(j, "B", k)
+                pending.add(b_act)
+                needs[b_act] = own
+    done: set[Action] = set()
+    order: list[Action] = []
+    while pending:
+        ready = sorted(a for a in pending if all(p in done for p in needs[a]))
+        a = ready[rng.randrange(len(ready))]
+        pending.remove(a)
+        done.add(a)
+        order.append(a)
+    return tuple(tuple(a for a in order if stages[a.stage].rank == r) for r in range(ranks))
+
+
+@st.composite
+def plans(draw: st.DrawFn, num_layers: int, max_batch: int = 12, max_ranks: int = 4, split: bool = True,
+          recompute: bool = True) -> Plan:  # fmt: skip
+    """Random valid plan/2s: placements, unequal lists, recompute, I/W splits, any valid order
+    (deadlocking ones included)."""
+    R = draw(st.integers(1, min(max_ranks, num_layers)))
+    S = draw(st.integers(R, min(num_layers, 3 * R)))
+    placement = draw(placements(R, S))
+    inner = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=S - 1, max_size=S - 1))) if S > 1 else []
     cuts = [0, *inner, num_layers]
     B = draw(st.integers(1, max_batch))
     stages = []
-    for s in range(S):
+    for j in range(S):
         fwd = draw(partitions(B))
-        rec = draw(st.booleans())
-        bwd = draw(partitions(B)) if rec else fwd
-        warm = draw(st.integers(1, len(fwd) + 1))
-        stages.append(StagePlan(layers=(cuts[s], cuts[s + 1]), forward=fwd, backward=bwd,
-                                warmup=warm, recompute=rec))  # fmt: skip
-    return Plan(global_batch=B, stages=tuple(stages))
+        rec = recompute and draw(st.booleans())
+        stages.append(Stage(layers=(cuts[j], cuts[j + 1]), rank=placement[j], forward=fwd,
+                            backward=draw(partitions(B)) if rec else fwd, recompute=rec))  # fmt: skip
+    cut = [[split and draw(st.booleans()) for _ in s.backward] for s in stages]
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    orders = random_orders(stages, R, cut, rng, causal=draw(st.booleans()))
+    return Plan(global_batch=B, ranks=R, stages=tuple(stages), actions=orders)

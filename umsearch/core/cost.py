@@ -1,116 +1,173 @@
-"""The cost model: stage times, transfer times and memory terms of MODEL.md.
+"""The cost model: stage times, transfer times and memory terms of MODEL.md sections 1, 4 and 5.
 
-Built once from a :class:`~umsearch.core.profile.Profile`. Per-layer times are
-interpolated (and extrapolated, floored at 0) to every integer microbatch size
-up to a cap, then prefix-summed over layers, so the forward or backward time of
-any layer range at any size is two table lookups. The tables are plain numpy
-arrays so the compiled batch evaluator reads the very same numbers as the
-reference simulator.
+One rule turns measured layer times into the time at any size
+(:func:`interpolate_times`: linear between measured sizes, the line through
+the last two beyond, floored at 0, applied per layer before summing). A stage
+time is a difference of prefix sums over layers at one size. :class:`CostModel`
+computes those rows lazily, for the sizes a plan actually uses (a plan of one
+microbatch of ten million samples costs one row); :meth:`CostModel.tables`
+builds the same rows densely for every size up to a bound, read-only, for the
+compiled batch evaluator. Both go through the same function, so the reference
+simulator and the evaluator read the same numbers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
-from umsearch.core.profile import Profile
+from umsearch.core.errors import PlanError
+from umsearch.core.plan import Plan
+from umsearch.core.profile import QUANTITIES, Profile
 
 FloatArray = npt.NDArray[np.float64]
 
+MAX_TABLE_BYTES = 512 * 2**20
+"""Largest dense cost table :meth:`CostModel.tables` builds (sizes x layers x 4 quantities)."""
 
-def interpolate_times(sizes: tuple[int, ...], times: FloatArray, b_max: int) -> FloatArray:
-    """Times at sizes ``0..b_max`` for every layer: ``times`` is (layers, len(sizes)).
+
+def interpolate_times(sizes: Sequence[int], times: FloatArray, b: npt.ArrayLike) -> FloatArray:
+    """Per-layer times at the sizes ``b``: ``times`` is (layers, len(sizes)), the result (len(b), layers).
 
     Between measured sizes: linear interpolation. Above the largest: the line
     through the last two measured points, floored at 0 (MODEL.md section 1).
-    Row 0 (size 0) is zero so a stage with no samples costs nothing.
+    Size 0 costs nothing.
     """
     s = np.asarray(sizes, dtype=np.float64)
-    b = np.arange(b_max + 1, dtype=np.float64)
-    out = np.zeros((b_max + 1, times.shape[0]), dtype=np.float64)
-    inside = b <= s[-1]
+    bb = np.atleast_1d(np.asarray(b, dtype=np.float64))
+    out = np.empty((bb.shape[0], times.shape[0]), dtype=np.float64)
+    inside = bb <= s[-1]
+    slope = (times[:, -1] - times[:, -2]) / (s[-1] - s[-2])
     for layer in range(times.shape[0]):
-        out[inside, layer] = np.interp(b[inside], s, times[layer])
-        slope = (times[layer, -1] - times[layer, -2]) / (s[-1] - s[-2])
-        out[~inside, layer] = np.maximum(0.0, times[layer, -1] + slope * (b[~inside] - s[-1]))
-    out[0, :] = 0.0
+        out[inside, layer] = np.interp(bb[inside], s, times[layer])
+    out[~inside] = np.maximum(0.0, times[None, :, -1] + slope[None, :] * (bb[~inside, None] - s[-1]))
+    out[bb == 0] = 0.0
     return out
 
 
-class CostModel:
-    """O(1) stage costs for one profile; ``b_max`` grows on demand."""
+def _prefix(rows: FloatArray) -> FloatArray:
+    """Prefix sums over layers, a zero column first: ``[b, hi] - [b, lo]`` is a stage's time."""
+    return np.ascontiguousarray(np.hstack([np.zeros((rows.shape[0], 1)), np.cumsum(rows, axis=1)]))
 
-    def __init__(self, profile: Profile, state_factor: float = 4.0, b_max: int = 64) -> None:
+
+@dataclass(frozen=True, kw_only=True)
+class CostTables:
+    """Dense, read-only cost tables for every size ``0..b_max``: what the compiled evaluator reads."""
+
+    b_max: int
+    """Largest microbatch size covered."""
+    fwd: FloatArray
+    """(b_max+1, L+1) prefix sums over layers of the forward time at each size."""
+    bwd: FloatArray
+    """Likewise, full backward."""
+    bwd_input: FloatArray
+    """Likewise, input-gradient backward; NaN where the profile has no split."""
+    bwd_weight: FloatArray
+    """Likewise, weight-gradient backward; NaN where the profile has no split."""
+    out_bytes: FloatArray
+    """(L,) bytes per sample of each layer's output."""
+    stash_prefix: FloatArray
+    """(L+1,) prefix sums of stash bytes per sample."""
+    param_prefix: FloatArray
+    """(L+1,) prefix sums of parameter bytes."""
+    input_bytes: float
+    """Bytes of one input sample of layer 0."""
+    latency_ms: float
+    """Link latency per message."""
+    ms_per_byte: float
+    """Link transfer time per byte."""
+    op_overhead_ms: float
+    """Runtime cost added to every action."""
+    message_overhead_ms: float
+    """Runtime cost of each cross-rank message, to the sender and to each action needing it."""
+    state_factor: float
+    """Bytes of training state per parameter byte."""
+
+
+class CostModel:
+    """Stage costs of one profile under one state factor, computed per size on first use."""
+
+    def __init__(self, profile: Profile, state_factor: float = 4.0) -> None:
         self.profile = profile
         self.state_factor = float(state_factor)
+        self.num_layers = profile.num_layers
         lay = profile.layers
-        self.num_layers = len(lay)
-        self._fwd_raw = np.array([x.fwd_ms for x in lay], dtype=np.float64)
-        self._bwd_raw = np.array([x.bwd_ms for x in lay], dtype=np.float64)
+        nan = (float("nan"),) * len(profile.microbatch_sizes)
+        self._raw = {q: np.array([lay_.times(q) or nan for lay_ in lay], dtype=np.float64) for q in QUANTITIES}
+        self._rows: dict[tuple[str, int], FloatArray] = {}
         self.out_bytes = np.array([x.out_bytes for x in lay], dtype=np.float64)
         self.stash_prefix = np.concatenate([[0.0], np.cumsum([x.stash_bytes for x in lay])])
         self.param_prefix = np.concatenate([[0.0], np.cumsum([x.param_bytes for x in lay])])
         self.input_bytes = float(profile.input_bytes)
         self.latency_ms = float(profile.link.latency_ms)
-        # ms per byte: bandwidth in GB/s is 1e6 bytes per ms.
-        self.ms_per_byte = 1.0 / (profile.link.bandwidth_gb_per_s * 1e6)
-        self.b_max = 0
-        self.fwd_prefix = np.zeros((1, self.num_layers + 1))
-        self.bwd_prefix = np.zeros((1, self.num_layers + 1))
-        self.ensure(b_max)
+        self.ms_per_byte = 1.0 / (profile.link.bandwidth_gb_per_s * 1e6)  # GB/s is 1e6 bytes per ms
+        self.op_overhead_ms = float(profile.runtime.op_overhead_ms)
+        self.message_overhead_ms = float(profile.runtime.message_overhead_ms)
 
-    def ensure(self, b_max: int) -> None:
-        """Make the tables cover microbatch sizes up to ``b_max``."""
-        if b_max <= self.b_max:
-            return
-        sizes = self.profile.microbatch_sizes
-        zero = np.zeros((b_max + 1, 1))
-        fwd = interpolate_times(sizes, self._fwd_raw, b_max)
-        bwd = interpolate_times(sizes, self._bwd_raw, b_max)
-        self.fwd_prefix = np.ascontiguousarray(np.hstack([zero, np.cumsum(fwd, axis=1)]))
-        self.bwd_prefix = np.ascontiguousarray(np.hstack([zero, np.cumsum(bwd, axis=1)]))
-        self.b_max = b_max
+    def _row(self, quantity: str, b: int) -> FloatArray:
+        key = (quantity, b)
+        row = self._rows.get(key)
+        if row is None:
+            row = _prefix(interpolate_times(self.profile.microbatch_sizes, self._raw[quantity], [b]))[0]
+            self._rows[key] = row
+        return row
 
-    def layer_fwd_ms(self, layer: int, b: int) -> float:
-        """Forward time of one layer at size ``b``."""
-        return self.stage_fwd_ms(layer, layer + 1, b)
-
-    def layer_bwd_ms(self, layer: int, b: int) -> float:
-        """Backward time of one layer at size ``b`` (no recompute)."""
-        return self.stage_bwd_ms(layer, layer + 1, b, recompute=False)
-
-    def stage_fwd_ms(self, lo: int, hi: int, b: int) -> float:
-        """``F(b)``: forward time of layers ``[lo, hi)`` on ``b`` samples."""
-        self.ensure(b)
-        return float(self.fwd_prefix[b, hi] - self.fwd_prefix[b, lo])
-
-    def stage_bwd_ms(self, lo: int, hi: int, b: int, recompute: bool) -> float:
-        """``G(b)``: backward time, plus ``F(b)`` when the stage recomputes."""
-        self.ensure(b)
-        g = float(self.bwd_prefix[b, hi] - self.bwd_prefix[b, lo])
-        return g + self.stage_fwd_ms(lo, hi, b) if recompute else g
+    def time_ms(self, quantity: str, lo: int, hi: int, b: int) -> float:
+        """``quantity`` (``fwd``, ``bwd``, ``bwd_input``, ``bwd_weight``) of layers ``[lo, hi)`` at size ``b``."""
+        row = self._row(quantity, b)
+        return float(row[hi] - row[lo])
 
     def transfer_ms(self, boundary_layer: int, samples: int) -> float:
-        """Time to send ``samples`` outputs of layer ``boundary_layer`` (either direction)."""
-        return self.latency_ms + samples * self.out_bytes[boundary_layer] * self.ms_per_byte
+        """One message of ``samples`` outputs of layer ``boundary_layer`` (either direction)."""
+        return self.latency_ms + samples * float(self.out_bytes[boundary_layer]) * self.ms_per_byte
 
     def stash_bytes(self, lo: int, hi: int) -> float:
-        """``stash_s``: bytes per sample stashed by layers ``[lo, hi)``."""
+        """``stash_j``: bytes per sample stashed by layers ``[lo, hi)``."""
         return float(self.stash_prefix[hi] - self.stash_prefix[lo])
 
     def param_bytes(self, lo: int, hi: int) -> float:
-        """``P_s``: parameter bytes of layers ``[lo, hi)``."""
+        """``P_j``: parameter bytes of layers ``[lo, hi)``."""
         return float(self.param_prefix[hi] - self.param_prefix[lo])
 
     def input_bytes_of(self, lo: int) -> float:
-        """``in_s``: bytes per sample entering a stage that starts at layer ``lo``."""
+        """``in_j``: bytes per sample entering a stage that starts at layer ``lo``."""
         return self.input_bytes if lo == 0 else float(self.out_bytes[lo - 1])
 
-    def peak_memory_bytes(
-        self, lo: int, hi: int, inflight: int, recompute: bool, max_backward: int
-    ) -> float:
-        """Peak memory of a stage, MODEL.md section 5."""
-        base = self.state_factor * self.param_bytes(lo, hi)
-        if recompute:
-            return base + self.input_bytes_of(lo) * inflight + self.stash_bytes(lo, hi) * max_backward
-        return base + self.stash_bytes(lo, hi) * inflight
+    def check(self, plan: Plan) -> Plan:
+        """Raise PlanError unless ``plan`` covers this profile's layers and has the I/W split it uses."""
+        if plan.num_layers != self.num_layers:
+            raise PlanError(
+                f"the plan covers layers [0, {plan.num_layers}) but the profile has {self.num_layers} layers; "
+                "cost the plan with the profile it was made for"
+            )
+        for j, split in enumerate(plan.uses_split):
+            st = plan.stages[j]
+            missing = self.profile.layers_without_split(st.lo, st.hi) if split else []
+            if missing:
+                raise PlanError(
+                    f"stage {j} uses I/W but layer {missing[0]} has no bwd_input_ms; re-profile with the "
+                    f"backward split measured, or give stage {j} full backwards (B)"
+                )
+        return plan
+
+    def tables(self, b_max: int) -> CostTables:
+        """Dense read-only tables for sizes ``0..b_max``; refuses sizes that need over
+        :data:`MAX_TABLE_BYTES`."""
+        need = (b_max + 1) * (self.num_layers + 1) * 8 * len(QUANTITIES)
+        if need > MAX_TABLE_BYTES:
+            raise PlanError(
+                f"microbatches of up to {b_max} samples on {self.num_layers} layers need {need / 2**20:.0f} MiB "
+                f"of cost tables, above the limit of {MAX_TABLE_BYTES / 2**20:.0f} MiB; use smaller microbatches"
+            )
+        sizes = np.arange(b_max + 1)
+        dense = {q: _prefix(interpolate_times(self.profile.microbatch_sizes, self._raw[q], sizes)) for q in QUANTITIES}
+        arrays = {**dense, "out_bytes": self.out_bytes.copy(), "stash_prefix": self.stash_prefix.copy(),
+                  "param_prefix": self.param_prefix.copy()}  # fmt: skip
+        for a in arrays.values():
+            a.setflags(write=False)
+        return CostTables(b_max=b_max, **arrays, input_bytes=self.input_bytes, latency_ms=self.latency_ms,
+                          ms_per_byte=self.ms_per_byte, op_overhead_ms=self.op_overhead_ms,
+                          message_overhead_ms=self.message_overhead_ms, state_factor=self.state_factor)  # fmt: skip

@@ -1,28 +1,50 @@
-"""The profile (``umsearch.core.profile/1``): what a model costs, layer by layer.
+"""The profile (``umsearch.profile/2``): what a model costs, layer by layer (MODEL.md section 1).
 
-MODEL.md section 1. A :class:`Profile` is immutable and validated on
-construction; :func:`load_profile` reads one from JSON and every rejection
-names the field, the bad value and what to do about it.
+A :class:`Profile` is immutable and validated on construction from JSON;
+:func:`load_profile` reads one and every rejection names the field, the bad
+value and what to do about it. ``umsearch.profile/1`` files load unchanged
+(they are profile/2 files without the optional fields); everything written is
+profile/2.
+
+Beyond the contract a profile may record how it was measured: per value the
+spread (``*_iqr_ms``) and the raw medians before the monotone fit
+(``*_raw_ms``), which layers were pooled, a quality report and the
+calibration check. They are optional, kept on load and save, and never change
+a prediction.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from umsearch.core.errors import ProfileError
+from umsearch.core.fields import MAX_BYTES, check_keys, integer, mapping, number, required, text
 from umsearch.core.jsonio import read_json, write_json
 
-SCHEMA = "umsearch.core.profile/1"
+SCHEMA = "umsearch.profile/2"
+SCHEMAS = ("umsearch.profile/1", SCHEMA)
+"""Schemas :func:`load_profile` reads."""
+
+QUANTITIES = ("fwd", "bwd", "bwd_input", "bwd_weight")
+"""The per-size time quantities of a layer; ``{q}_ms`` is the value, ``{q}_iqr_ms`` its spread
+and ``{q}_raw_ms`` the medians before the monotone fit."""
+
+EXTRA_KEYS = frozenset({
+    "model_spec", "largest_size_that_fit", "requested_sizes", "calibration", "quality", "pooled",
+    "measurement",
+})  # fmt: skip
+"""Top-level fields beyond the contract that profiles may carry (how they were measured)."""
+
+_SEE = "MODEL.md section 1"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Link:
-    """Point-to-point link between neighbouring stages."""
+    """Point-to-point link between any two ranks."""
 
     latency_ms: float
     """Fixed cost of one message, in milliseconds."""
@@ -31,26 +53,70 @@ class Link:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RuntimeCosts:
+    """The runtime's own fixed costs (MODEL.md sections 4 and 7); zero until calibrated."""
+
+    op_overhead_ms: float = 0.0
+    """Time the runtime adds to every compute action beyond its layers' own time."""
+    message_overhead_ms: float = 0.0
+    """Compute-timeline time of one cross-rank message, charged to its sender and to every action
+    that needs it."""
+    calibration: dict[str, Any] | None = field(default=None, compare=False)
+    """How the two values were fitted (probe plans, residual); None when never calibrated."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class LayerProfile:
-    """One layer of the ``nn.Sequential``, measured at every size of the profile."""
+    """One layer of the model, measured at every size of the profile."""
 
     name: str
     """Human-readable layer name."""
     fwd_ms: tuple[float, ...]
     """Forward time per measured microbatch size, in ms."""
     bwd_ms: tuple[float, ...]
-    """Backward time per measured microbatch size, in ms."""
+    """Full backward time per measured size, in ms."""
     out_bytes: float
     """Bytes per sample of the layer's output (and of its gradient)."""
     stash_bytes: float
     """Bytes per sample autograd keeps from this layer's forward until its backward."""
     param_bytes: float
     """Bytes of the layer's parameters."""
+    bwd_input_ms: tuple[float, ...] | None = None
+    """Input-gradient part of the backward per size (needed by plans using ``I``/``W``)."""
+    bwd_weight_ms: tuple[float, ...] | None = None
+    """Weight-gradient part of the backward per size."""
+    spread_ms: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
+    """Interquartile range of each measured quantity per size (``fwd``, ``bwd``, ...), when recorded."""
+    raw_ms: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
+    """Medians before the monotone fit, per quantity, when recorded."""
+
+    @property
+    def has_split(self) -> bool:
+        """Whether the layer's backward can be split into ``I`` and ``W`` parts."""
+        return self.bwd_input_ms is not None and self.bwd_weight_ms is not None
+
+    def times(self, quantity: str) -> tuple[float, ...] | None:
+        """``fwd_ms``, ``bwd_ms``, ``bwd_input_ms`` or ``bwd_weight_ms`` by quantity name."""
+        value: tuple[float, ...] | None = getattr(self, f"{quantity}_ms")
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        for q in QUANTITIES:
+            values = self.times(q)
+            if values is not None:
+                out[f"{q}_ms"] = list(values)
+        for q, values in self.spread_ms.items():
+            out[f"{q}_iqr_ms"] = list(values)
+        for q, values in self.raw_ms.items():
+            out[f"{q}_raw_ms"] = list(values)
+        out.update(out_bytes=self.out_bytes, stash_bytes=self.stash_bytes, param_bytes=self.param_bytes)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
-    """A measured model: ordered layers, sizes, input size and link."""
+    """A measured model: ordered layers, sizes, input size, link and runtime costs."""
 
     model: str
     """What was measured (zoo name and arguments, or an import path)."""
@@ -59,74 +125,46 @@ class Profile:
     dtype: str
     """Compute dtype of the measurement."""
     microbatch_sizes: tuple[int, ...]
-    """Ascending measured sizes, starting at 1."""
+    """Ascending measured sizes, starting at 1, at least two."""
     input_bytes: float
     """Bytes of one input sample fed to layer 0."""
     layers: tuple[LayerProfile, ...]
     """The layers ``0..L-1``."""
     link: Link
-    """Link between neighbouring stages."""
+    """Link between any two ranks."""
+    runtime: RuntimeCosts = field(default_factory=RuntimeCosts)
+    """The runtime's fixed costs per action and per message."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
-    """Fields beyond the contract (model spec, calibration report); kept on save."""
+    """Measurement records beyond the contract (:data:`EXTRA_KEYS`); kept on save."""
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def layers_without_split(self, lo: int, hi: int) -> list[int]:
+        """Layers of ``[lo, hi)`` whose backward has no I/W split."""
+        return [i for i in range(lo, hi) if not self.layers[i].has_split]
+
     def to_json(self) -> dict[str, Any]:
-        """The ``umsearch.core.profile/1`` object, extra fields included."""
+        """The ``umsearch.profile/2`` object, measurement records included."""
         out: dict[str, Any] = {
-            "schema": SCHEMA,
-            "model": self.model,
-            "device": self.device,
-            "dtype": self.dtype,
-            "microbatch_sizes": list(self.microbatch_sizes),
-            "input_bytes": self.input_bytes,
-            "layers": [
-                {
-                    "name": lay.name,
-                    "fwd_ms": list(lay.fwd_ms),
-                    "bwd_ms": list(lay.bwd_ms),
-                    "out_bytes": lay.out_bytes,
-                    "stash_bytes": lay.stash_bytes,
-                    "param_bytes": lay.param_bytes,
-                }
-                for lay in self.layers
-            ],
-            "link": {
-                "latency_ms": self.link.latency_ms,
-                "bandwidth_gb_per_s": self.link.bandwidth_gb_per_s,
-            },
-        }
+            "schema": SCHEMA, "model": self.model, "device": self.device, "dtype": self.dtype,
+            "microbatch_sizes": list(self.microbatch_sizes), "input_bytes": self.input_bytes,
+            "layers": [lay.to_json() for lay in self.layers],
+            "link": {"latency_ms": self.link.latency_ms, "bandwidth_gb_per_s": self.link.bandwidth_gb_per_s},
+        }  # fmt: skip
+        rt = self.runtime
+        if rt != RuntimeCosts() or rt.calibration is not None:
+            out["runtime"] = {"op_overhead_ms": rt.op_overhead_ms, "message_overhead_ms": rt.message_overhead_ms}
+            if rt.calibration is not None:
+                out["runtime"]["calibration"] = rt.calibration
         for key, value in self.extra.items():
             out.setdefault(key, value)
         return out
 
 
-def _number(value: Any, where: str, *, positive: bool = False) -> float:
-    """A finite, non-negative (or strictly positive) number, else a ProfileError naming ``where``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ProfileError(f"profile field {where} must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ProfileError(f"profile field {where} must be finite, got {value!r}")
-    if v < 0 or (positive and v == 0):
-        need = "positive" if positive else "non-negative"
-        raise ProfileError(f"profile field {where} must be {need}, got {value!r}")
-    return v
-
-
-def _get(obj: dict[str, Any], key: str, where: str) -> Any:
-    if key not in obj:
-        raise ProfileError(f"profile is missing field {where}{key!r}; add it (see MODEL.md section 1)")
-    return obj[key]
-
-
-def _text(obj: dict[str, Any], key: str, where: str = "") -> str:
-    value = _get(obj, key, where)
-    if not isinstance(value, str):
-        raise ProfileError(f"profile field {where}{key!r} must be a string, got {value!r}")
-    return value
+def _fail(message: str) -> ProfileError:
+    return ProfileError(f"profile {message}")
 
 
 def _sizes(raw: Any) -> tuple[int, ...]:
@@ -135,19 +173,12 @@ def _sizes(raw: Any) -> tuple[int, ...]:
             f"profile field 'microbatch_sizes' must list at least two sizes (got {raw!r}): times "
             "above the largest size are extrapolated from the last two; measure e.g. [1, 2, 4, 8]"
         )
-    sizes: list[int] = []
-    for i, v in enumerate(raw):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ProfileError(f"profile field microbatch_sizes[{i}] must be a positive integer, got {v!r}")
-        sizes.append(v)
+    sizes = tuple(integer(v, f"microbatch_sizes[{i}]", ProfileError, lo=1) for i, v in enumerate(raw))
     if sizes[0] != 1:
-        raise ProfileError(f"profile field 'microbatch_sizes' must start with 1, got {sizes!r}; measure size 1 too")
-    for a, b in zip(sizes, sizes[1:], strict=False):
-        if b <= a:
-            raise ProfileError(
-                f"profile field 'microbatch_sizes' must be strictly ascending, got {sizes!r}"
-            )
-    return tuple(sizes)
+        raise ProfileError(f"profile field 'microbatch_sizes' must start with 1, got {list(sizes)}; measure size 1 too")
+    if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise ProfileError(f"profile field 'microbatch_sizes' must be strictly ascending, got {list(sizes)}")
+    return sizes
 
 
 def _times(raw: Any, where: str, n: int) -> tuple[float, ...]:
@@ -158,58 +189,92 @@ def _times(raw: Any, where: str, n: int) -> tuple[float, ...]:
             f"profile field {where} has {len(raw)} values but 'microbatch_sizes' has {n}; "
             "give one time per measured size"
         )
-    return tuple(_number(v, f"{where}[{i}]") for i, v in enumerate(raw))
+    return tuple(number(v, f"{where}[{i}]", ProfileError) for i, v in enumerate(raw))
+
+
+_LAYER_KEYS = frozenset({"name", "out_bytes", "stash_bytes", "param_bytes"}
+                        | {f"{q}_{s}" for q in QUANTITIES for s in ("ms", "iqr_ms", "raw_ms")})  # fmt: skip
 
 
 def _layer(raw: Any, i: int, n: int) -> LayerProfile:
     where = f"layers[{i}]."
-    if not isinstance(raw, dict):
-        raise ProfileError(f"profile field layers[{i}] must be an object, got {raw!r}")
+    obj = mapping(raw, f"layers[{i}]", ProfileError)
+    check_keys(obj, _LAYER_KEYS, where, ProfileError)
+
+    def get(key: str) -> Any:
+        return required(obj, key, where, ProfileError, _SEE)
+
+    def series(key: str) -> tuple[float, ...] | None:
+        return _times(obj[key], f"{where}{key}", n) if key in obj else None
+
+    split_in, split_w = series("bwd_input_ms"), series("bwd_weight_ms")
+    if (split_in is None) != (split_w is None):
+        raise ProfileError(f"profile layer {i} gives only one of bwd_input_ms and bwd_weight_ms; give both or neither")
+    byte = {k: number(get(k), f"{where}{k}", ProfileError, limit=MAX_BYTES)
+            for k in ("out_bytes", "stash_bytes", "param_bytes")}  # fmt: skip
     return LayerProfile(
-        name=_text(raw, "name", where),
-        fwd_ms=_times(_get(raw, "fwd_ms", where), f"layers[{i}].fwd_ms", n),
-        bwd_ms=_times(_get(raw, "bwd_ms", where), f"layers[{i}].bwd_ms", n),
-        out_bytes=_number(_get(raw, "out_bytes", where), f"layers[{i}].out_bytes"),
-        stash_bytes=_number(_get(raw, "stash_bytes", where), f"layers[{i}].stash_bytes"),
-        param_bytes=_number(_get(raw, "param_bytes", where), f"layers[{i}].param_bytes"),
-    )
+        name=text(get("name"), f"{where}name", ProfileError),
+        fwd_ms=_times(get("fwd_ms"), f"{where}fwd_ms", n),
+        bwd_ms=_times(get("bwd_ms"), f"{where}bwd_ms", n),
+        bwd_input_ms=split_in, bwd_weight_ms=split_w, **byte,
+        spread_ms={q: v for q in QUANTITIES if (v := series(f"{q}_iqr_ms")) is not None},
+        raw_ms={q: v for q in QUANTITIES if (v := series(f"{q}_raw_ms")) is not None},
+    )  # fmt: skip
 
 
-_CONTRACT_KEYS = {"schema", "model", "device", "dtype", "microbatch_sizes", "input_bytes", "layers", "link"}
+def _runtime(raw: Any) -> RuntimeCosts:
+    obj = mapping(raw, "runtime", ProfileError)
+    check_keys(obj, {"op_overhead_ms", "message_overhead_ms", "calibration"}, "runtime.", ProfileError)
+    calibration = obj.get("calibration")
+    if calibration is not None:
+        mapping(calibration, "runtime.calibration", ProfileError)
+    return RuntimeCosts(
+        op_overhead_ms=number(obj.get("op_overhead_ms", 0.0), "runtime.op_overhead_ms", ProfileError),
+        message_overhead_ms=number(obj.get("message_overhead_ms", 0.0), "runtime.message_overhead_ms", ProfileError),
+        calibration=calibration,
+    )  # fmt: skip
+
+
+_CONTRACT_KEYS = frozenset({"schema", "model", "device", "dtype", "microbatch_sizes", "input_bytes", "layers",
+                            "link", "runtime"})  # fmt: skip
 
 
 def profile_from_json(obj: Any) -> Profile:
-    """Validate a decoded ``umsearch.core.profile/1`` object and build the :class:`Profile`."""
+    """Validate a decoded ``umsearch.profile/1`` or ``/2`` object and build the :class:`Profile`."""
     if not isinstance(obj, dict):
         raise ProfileError(f"a profile must be a JSON object, got {type(obj).__name__}")
     schema = obj.get("schema")
-    if schema != SCHEMA:
+    if schema not in SCHEMAS:
         raise ProfileError(
-            f"unknown profile schema {schema!r}; this umsearch reads {SCHEMA!r} "
+            f"unknown profile schema {schema!r}; this umsearch reads {' and '.join(map(repr, SCHEMAS))} "
             "(re-run `umsearch profile` to produce one)"
         )
-    sizes = _sizes(_get(obj, "microbatch_sizes", ""))
-    layers_raw = _get(obj, "layers", "")
+    check_keys(obj, _CONTRACT_KEYS | EXTRA_KEYS, "", ProfileError)
+
+    def get(key: str, where: str = "", o: dict[str, Any] = obj) -> Any:
+        return required(o, key, where, ProfileError, _SEE)
+
+    sizes = _sizes(get("microbatch_sizes"))
+    layers_raw = get("layers")
     if not isinstance(layers_raw, list) or not layers_raw:
         raise ProfileError(f"profile field 'layers' must be a non-empty list, got {layers_raw!r}")
-    link_raw = _get(obj, "link", "")
-    if not isinstance(link_raw, dict):
-        raise ProfileError(f"profile field 'link' must be an object, got {link_raw!r}")
+    link_raw = mapping(get("link"), "link", ProfileError)
+    check_keys(link_raw, {"latency_ms", "bandwidth_gb_per_s"}, "link.", ProfileError)
     link = Link(
-        latency_ms=_number(_get(link_raw, "latency_ms", "link."), "link.latency_ms"),
-        bandwidth_gb_per_s=_number(
-            _get(link_raw, "bandwidth_gb_per_s", "link."), "link.bandwidth_gb_per_s", positive=True
-        ),
-    )
+        latency_ms=number(get("latency_ms", "link.", link_raw), "link.latency_ms", ProfileError),
+        bandwidth_gb_per_s=number(get("bandwidth_gb_per_s", "link.", link_raw), "link.bandwidth_gb_per_s",
+                                  ProfileError, positive=True, limit=MAX_BYTES),
+    )  # fmt: skip
     return Profile(
-        model=_text(obj, "model"),
-        device=_text(obj, "device"),
-        dtype=_text(obj, "dtype"),
+        model=text(get("model"), "model", ProfileError),
+        device=text(get("device"), "device", ProfileError),
+        dtype=text(get("dtype"), "dtype", ProfileError),
         microbatch_sizes=sizes,
-        input_bytes=_number(_get(obj, "input_bytes", ""), "input_bytes"),
+        input_bytes=number(get("input_bytes"), "input_bytes", ProfileError, limit=MAX_BYTES),
         layers=tuple(_layer(raw, i, len(sizes)) for i, raw in enumerate(layers_raw)),
         link=link,
-        extra={k: v for k, v in obj.items() if k not in _CONTRACT_KEYS},
+        runtime=_runtime(obj["runtime"]) if "runtime" in obj else RuntimeCosts(),
+        extra={k: v for k, v in obj.items() if k in EXTRA_KEYS},
     )
 
 
@@ -223,10 +288,11 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 
 
 def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
-    """Write ``profile`` atomically as ``umsearch.core.profile/1`` JSON."""
+    """Write ``profile`` atomically as ``umsearch.profile/2`` JSON."""
     return write_json(path, profile.to_json())
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file's bytes (plans record which profile they were searched on)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+

@@ -1,7 +1,14 @@
-"""The static operation order of a stage and the sample bookkeeping around it (MODEL.md section 3).
+"""Sample bookkeeping between two partitions of the same batch (MODEL.md section 2).
 
-Pure functions of a stage's microbatch lists; the simulators, the memory model
-and the runtime all take their order from here, so they cannot disagree.
+Samples flow in order ``0..B-1`` and a microbatch is a contiguous sample
+range, so two size lists over the same batch meet in a merge: which of one
+list's microbatches hold the samples of the other's. Pure functions of the
+size lists; the simulators, validation and the runtime all take their sample
+arithmetic from here, so they cannot disagree. Everything over whole lists is
+one linear merge (a plan may hold 100,000 microbatches).
+
+(``op_order`` and friends below are the v1 warmup rule, kept until every
+caller uses :func:`umsearch.core.schedules.warmup_rule`.)
 """
 
 from __future__ import annotations
@@ -93,4 +100,38 @@ def chunk_overlaps(
     for m in message_span(sender, receiver, index):
         a, b = max(lo, cs[m]), min(hi, cs[m + 1])
         out.append((m, a - cs[m], b - a))
+    return out
+
+
+def spans(sender: Sequence[int], receiver: Sequence[int]) -> list[range]:
+    """For each microbatch of ``receiver``, the indices of ``sender``'s microbatches holding its samples.
+
+    Both lists partition the same samples in order; one merge, linear in both lengths.
+    """
+    out: list[range] = []
+    m, end = 0, sender[0] if sender else 0  # end: samples through sender microbatch m
+    lo = 0
+    for size in receiver:
+        hi = lo + size
+        first = m
+        while end < hi:
+            m += 1
+            end += sender[m]
+        out.append(range(first, m + 1))
+        lo = hi
+        if end == hi and m + 1 < len(sender):  # the next receiver microbatch starts in the next sender one
+            m += 1
+            end += sender[m]
+    return out
+
+
+def all_overlaps(sender: Sequence[int], receiver: Sequence[int]) -> list[list[tuple[int, int, int]]]:
+    """:func:`chunk_overlaps` for every microbatch of ``receiver``, in one linear merge."""
+    cs = cumulative(sender)
+    out = []
+    lo = 0
+    for size, span in zip(receiver, spans(sender, receiver), strict=True):
+        hi = lo + size
+        out.append([(m, max(lo, cs[m]) - cs[m], min(hi, cs[m + 1]) - max(lo, cs[m])) for m in span])
+        lo = hi
     return out

@@ -1,180 +1,131 @@
-"""The reference simulator: one plan, event by event, straight from MODEL.md sections 3-5.
+"""The reference simulator: one plan, event by event, written straight from MODEL.md sections 4 and 5.
 
 It favours being obviously right over being fast; :mod:`umsearch.sim.batch`
-is the fast twin the search uses, and tests hold the two equal on every plan.
+is the compiled twin the search uses, and tests hold the two equal on every
+plan, deadlocks included.
 
-Events are op ends and message arrivals. Whenever time advances, every idle
-stage whose next op (in its static order) has all its messages starts it at
-the current time. Messages on a link direction leave one at a time, in order.
-If the event queue runs dry while ops remain, the plan deadlocks.
+Events are action ends and message arrivals. Whenever one happens, every idle
+rank whose next action has all its inputs delivered starts it at that time.
+An output goes to a stage on the same rank at the action's end, else as one
+message on the directed link between the two ranks, after the link's previous
+message. When no event is left while actions remain, the plan deadlocks.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
-from typing import Literal
 
+from umsearch.core.actions import Action
 from umsearch.core.cost import CostModel
-from umsearch.core.plan import Plan, StagePlan, validate_plan
-from umsearch.core.samples import Op, message_span, op_order, peak_inflight
+from umsearch.core.deps import Dependencies, find_deadlock
+from umsearch.core.plan import Plan, validate_plan
+from umsearch.sim.result import ActionRecord, SimResult
+
+_QUANTITY = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
 
 
-@dataclass(frozen=True, kw_only=True)
-class OpRecord:
-    """One executed op."""
+class _Timing:
+    """Sizes, durations and destinations of a plan's actions under one cost model."""
 
-    stage: int
-    """Stage index."""
-    kind: Literal["F", "B"]
-    """Forward or backward."""
-    index: int
-    """Microbatch index within the stage's forward or backward list."""
-    size: int
-    """Samples in the microbatch."""
-    start_ms: float
-    """Start time."""
-    end_ms: float
-    """End time."""
+    def __init__(self, plan: Plan, cost: CostModel, deps: Dependencies) -> None:
+        self.plan, self.cost, self.deps = plan, cost, deps
 
+    def size(self, a: Action) -> int:
+        st = self.plan.stages[a.stage]
+        return st.forward[a.mb] if a.kind == "F" else st.backward[a.mb]
 
-@dataclass(frozen=True, kw_only=True)
-class SimResult:
-    """What one plan costs under the model."""
+    def consumer(self, a: Action) -> int | None:
+        """The stage that receives ``a``'s output: j+1 for a forward, j-1 for B/I, none otherwise."""
+        if a.kind == "F" and a.stage + 1 < self.plan.num_stages:
+            return a.stage + 1
+        if a.kind in ("B", "I") and a.stage > 0:
+            return a.stage - 1
+        return None
 
-    deadlock: bool
-    """True when no op could start while some remained; times then cover the ops that ran."""
-    iteration_ms: float | None
-    """Latest end of any op; None on deadlock."""
-    stage_end_ms: tuple[float, ...]
-    """End of each stage's last op (of those that ran)."""
-    busy_ms: tuple[float, ...]
-    """Sum of op durations per stage (of those that ran)."""
-    peak_memory_bytes: tuple[float, ...]
-    """Peak memory per stage (MODEL.md section 5); defined even on deadlock."""
-    ops: tuple[OpRecord, ...] = field(repr=False)
-    """Every op that ran, in start order."""
-    blocked: tuple[str, ...] = ()
-    """On deadlock: for each stuck stage, the op it waits on."""
+    def cross_rank(self, a: Action, other: int) -> bool:
+        return self.plan.stages[a.stage].rank != self.plan.stages[other].rank
 
-    @property
-    def bubble_fraction(self) -> float | None:
-        """Idle share of all stages over the iteration: ``1 - sum(busy) / (S * T)``."""
-        if self.iteration_ms is None or self.iteration_ms <= 0:
-            return None
-        return 1.0 - sum(self.busy_ms) / (len(self.busy_ms) * self.iteration_ms)
+    def duration(self, a: Action) -> float:
+        st, c, n = self.plan.stages[a.stage], self.cost, self.size(a)
+        t = c.time_ms(_QUANTITY[a.kind], st.lo, st.hi, n)
+        if st.recompute and a.kind in ("B", "I"):
+            t += c.time_ms("fwd", st.lo, st.hi, n)
+        to = self.consumer(a)
+        messages = int(to is not None and self.cross_rank(a, to))
+        messages += sum(1 for p in self.deps.producers(a) if self.cross_rank(a, p.stage))
+        return t + c.op_overhead_ms + c.message_overhead_ms * messages
 
-    def stage_bubble(self, s: int) -> float | None:
-        """Idle share of stage ``s`` over the iteration."""
-        if self.iteration_ms is None or self.iteration_ms <= 0:
-            return None
-        return 1.0 - self.busy_ms[s] / self.iteration_ms
-
-    def predicted(self) -> dict[str, object]:
-        """The plan's ``predicted`` block."""
-        return {
-            "iteration_ms": self.iteration_ms,
-            "peak_memory_bytes": list(self.peak_memory_bytes),
-            "stage_busy_ms": list(self.busy_ms),
-            "bubble_fraction": self.bubble_fraction,
-        }
+    def transfer(self, a: Action) -> float:
+        """Link time of ``a``'s message: a forward crosses after layer hi-1, a gradient after lo-1."""
+        st = self.plan.stages[a.stage]
+        return self.cost.transfer_ms(st.hi - 1 if a.kind == "F" else st.lo - 1, self.size(a))
 
 
-def stage_peak_memory(st: StagePlan, cost: CostModel) -> float:
-    """Peak memory of one stage under the cost model."""
-    inflight = peak_inflight(st.forward, st.backward, st.warmup)
-    return cost.peak_memory_bytes(st.lo, st.hi, inflight, st.recompute, max(st.backward))
-
-
-class _Link:
-    """One direction of one stage boundary: messages leave in order, one at a time."""
-
-    def __init__(self) -> None:
-        self.free_at = 0.0
-        self.arrival: dict[int, float] = {}
-
-    def send(self, msg: int, ready_ms: float, duration_ms: float) -> float:
-        start = max(ready_ms, self.free_at)
-        self.free_at = start + duration_ms
-        self.arrival[msg] = self.free_at
-        return self.free_at
+def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:
+    """MODEL.md section 5 for rank ``r``: state plus the largest activation level at any of its actions."""
+    level = peak = 0.0
+    for a in plan.actions[r]:
+        st = plan.stages[a.stage]
+        n = st.forward[a.mb] if a.kind == "F" else st.backward[a.mb]
+        stash, inp = cost.stash_bytes(st.lo, st.hi) * n, cost.input_bytes_of(st.lo) * n
+        add, release = {
+            (False, "F"): (stash, 0.0), (False, "B"): (0.0, stash), (False, "I"): (0.0, 0.0),
+            (False, "W"): (0.0, stash), (True, "F"): (inp, 0.0), (True, "B"): (stash, inp + stash),
+            (True, "I"): (stash, inp), (True, "W"): (0.0, stash),
+        }[(st.recompute, a.kind)]  # fmt: skip
+        level += add
+        peak = max(peak, level)
+        level -= release
+    state = sum(cost.param_bytes(plan.stages[j].lo, plan.stages[j].hi) for j in plan.stages_of(r))
+    return cost.state_factor * state + peak
 
 
 def simulate(plan: Plan, cost: CostModel) -> SimResult:
-    """Simulate one iteration of ``plan``; raises PlanError if the plan is malformed."""
-    validate_plan(plan, cost.num_layers)
-    stages = plan.stages
-    S = len(stages)
-    orders: list[list[Op]] = [op_order(st.forward, st.backward, st.warmup) for st in stages]
-    fwd_links = [_Link() for _ in range(S - 1)]  # fwd_links[s]: stage s -> s+1
-    bwd_links = [_Link() for _ in range(S - 1)]  # bwd_links[s]: stage s+1 -> s
-    pos = [0] * S
-    running = [False] * S
-    busy = [0.0] * S
-    stage_end = [0.0] * S
-    records: list[OpRecord] = []
-    events: list[tuple[float, int, int]] = [(0.0, 0, -1)]  # (time, seq, stage or -1)
-    seq = 1
+    """Simulate one iteration of ``plan``; raises PlanError if the plan is invalid or does not fit the
+    profile (layer count, I/W split)."""
+    cost.check(validate_plan(plan))
+    deps = Dependencies(plan)
+    timing = _Timing(plan, cost, deps)
+    R = plan.ranks
+    delivered: dict[Action, float] = {}
+    link_free: dict[tuple[int, int], float] = {}
+    pos, free_at, busy, end = [0] * R, [0.0] * R, [0.0] * R, [0.0] * R
+    records: list[ActionRecord] = []
+    events = [0.0]
 
-    def ready(s: int, now: float) -> bool:
-        kind, idx = orders[s][pos[s]]
-        st = stages[s]
-        if kind == "F" and s > 0:
-            need = message_span(stages[s - 1].forward, st.forward, idx)
-            arrivals = fwd_links[s - 1].arrival
-        elif kind == "B" and s < S - 1:
-            need = message_span(stages[s + 1].backward, st.backward, idx)
-            arrivals = bwd_links[s].arrival
-        else:
-            return True
-        return all(m in arrivals and arrivals[m] <= now for m in need)
-
-    def duration(s: int, kind: str, size: int) -> float:
-        st = stages[s]
-        if kind == "F":
-            return cost.stage_fwd_ms(st.lo, st.hi, size)
-        return cost.stage_bwd_ms(st.lo, st.hi, size, st.recompute)
+    def ready(a: Action, now: float) -> bool:
+        return all(p in delivered and delivered[p] <= now for p in deps.producers(a))
 
     while events:
-        now, _, finished = heapq.heappop(events)
-        if finished >= 0:
-            running[finished] = False
-        for s in range(S):
-            if running[s] or pos[s] == len(orders[s]) or not ready(s, now):
-                continue
-            kind, idx = orders[s][pos[s]]
-            st = stages[s]
-            size = st.forward[idx] if kind == "F" else st.backward[idx]
-            end = now + duration(s, kind, size)
-            records.append(OpRecord(stage=s, kind=kind, index=idx, size=size, start_ms=now, end_ms=end))
-            busy[s] += end - now
-            stage_end[s] = end
-            running[s] = True
-            pos[s] += 1
-            heapq.heappush(events, (end, seq, s))
-            seq += 1
-            # The message leaves when the op ends; its arrival is an event that may wake the peer.
-            if kind == "F" and s < S - 1:
-                arr = fwd_links[s].send(idx, end, cost.transfer_ms(st.hi - 1, size))
-                heapq.heappush(events, (arr, seq, -1))
-                seq += 1
-            elif kind == "B" and s > 0:
-                arr = bwd_links[s - 1].send(idx, end, cost.transfer_ms(st.lo - 1, size))
-                heapq.heappush(events, (arr, seq, -1))
-                seq += 1
-
-    deadlock = any(pos[s] < len(orders[s]) for s in range(S))
-    blocked = tuple(
-        f"stage {s} waits to run {orders[s][pos[s]][0]}{orders[s][pos[s]][1]}"
-        for s in range(S)
-        if pos[s] < len(orders[s])
-    )
+        now = heapq.heappop(events)
+        for r in range(R):
+            acts = plan.actions[r]
+            # A zero-length action frees its rank at once: keep going while the next one is ready too.
+            while free_at[r] <= now and pos[r] < len(acts) and ready(acts[pos[r]], now):
+                a = acts[pos[r]]
+                dur = timing.duration(a)
+                stop = now + dur
+                records.append(ActionRecord(rank=r, stage=a.stage, kind=a.kind, mb=a.mb, size=timing.size(a),
+                                            start_ms=now, end_ms=stop))  # fmt: skip
+                busy[r] += dur
+                free_at[r] = end[r] = stop
+                pos[r] += 1
+                heapq.heappush(events, stop)
+                to = timing.consumer(a)
+                if to is None:
+                    continue
+                if not timing.cross_rank(a, to):
+                    delivered[a] = stop
+                    continue
+                link = (r, plan.stages[to].rank)
+                arrival = max(stop, link_free.get(link, 0.0)) + timing.transfer(a)
+                link_free[link] = delivered[a] = arrival
+                heapq.heappush(events, arrival)
+    if any(pos[r] < len(plan.actions[r]) for r in range(R)):
+        return SimResult(deadlock=True, iteration_ms=None, busy_ms=None, peak_memory_bytes=None,
+                         rank_end_ms=tuple(end), records=tuple(records), blocked=find_deadlock(plan))  # fmt: skip
     return SimResult(
-        deadlock=deadlock,
-        iteration_ms=None if deadlock else max(stage_end),
-        stage_end_ms=tuple(stage_end),
-        busy_ms=tuple(busy),
-        peak_memory_bytes=tuple(stage_peak_memory(st, cost) for st in stages),
-        ops=tuple(records),
-        blocked=blocked,
-    )
+        deadlock=False, iteration_ms=max(end), busy_ms=tuple(busy),
+        peak_memory_bytes=tuple(rank_peak_memory(plan, cost, r) for r in range(R)),
+        rank_end_ms=tuple(end), records=tuple(records),
+    )  # fmt: skip

@@ -1,0 +1,104 @@
+"""MODEL.md section 8, exactly, for both simulators (the reference and the compiled evaluator)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.contract import (
+    EXAMPLE2,
+    EXAMPLE3,
+    EXAMPLE4,
+    EXAMPLE5,
+    EXAMPLE5_DEADLOCK,
+    example1,
+    unit_profile,
+    warmup_plan,
+)
+from umsearch.core.cost import CostModel
+from umsearch.core.plan import Plan
+from umsearch.core.profile import Profile
+from umsearch.sim.batch import encode, evaluate, pack
+from umsearch.sim.reference import simulate
+from umsearch.sim.result import SimResult
+
+
+def _batch(plan: Plan, cost: CostModel) -> SimResult:
+    """The evaluator's answer in the reference's shape."""
+    res = evaluate(pack([encode(plan)]), cost.tables(plan.global_batch))
+    dead = bool(res.deadlock[0])
+    per = lambda v: tuple(float(x) for x in res.ranks_of(0, v))  # noqa: E731
+    return SimResult(deadlock=dead, iteration_ms=None if dead else float(res.iteration_ms[0]),
+                     busy_ms=None if dead else per(res.busy_ms), peak_memory_bytes=None if dead else per(res.peak_memory_bytes),
+                     rank_end_ms=per(res.rank_end_ms), records=())  # fmt: skip
+
+
+SIMULATORS: dict[str, Callable[[Plan, CostModel], SimResult]] = {"reference": simulate, "batch": _batch}
+
+
+def _run(name: str, plan: Plan, profile: Profile) -> SimResult:
+    return SIMULATORS[name](plan, CostModel(profile))
+
+
+@pytest.fixture(params=sorted(SIMULATORS))
+def sim(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_example1_time(sim: str, schedule: str) -> None:
+    assert _run(sim, example1(schedule), unit_profile(4)).iteration_ms == 33.0
+
+
+def test_example1_memory(sim: str) -> None:
+    assert _run(sim, example1("gpipe"), unit_profile(4)).peak_memory_bytes == (480.0,) * 4
+    assert _run(sim, example1("1f1b"), unit_profile(4)).peak_memory_bytes == (440.0, 430.0, 420.0, 410.0)
+
+
+def test_example2_deadlocks(sim: str) -> None:
+    res = _run(sim, EXAMPLE2, unit_profile(2))
+    assert res.deadlock and res.iteration_ms is None and res.peak_memory_bytes is None
+
+
+def test_example2_names_the_stuck_actions() -> None:
+    assert simulate(EXAMPLE2, CostModel(unit_profile(2))).blocked == (
+        "rank 0 is stuck at 0B0, waiting for 1B0 on rank 1",
+        "rank 1 is stuck at 1F1, waiting for 0F2 on rank 0",
+    )
+
+
+def test_example3_interleaved(sim: str) -> None:
+    res = _run(sim, EXAMPLE3, unit_profile(4))
+    assert res.iteration_ms == 27.0
+    assert res.busy_ms == (24.0, 24.0)
+    assert res.peak_memory_bytes == (850.0, 830.0)
+
+
+def test_example3_against_two_stage_1f1b(sim: str) -> None:
+    ones = [1] * 4
+    plan = warmup_plan(4, [(ones, ones, 2 - j, False) for j in range(2)], layers_per_stage=2)
+    assert _run(sim, plan, unit_profile(4)).iteration_ms == 30.0
+
+
+def test_example4_zero_bubble_v(sim: str) -> None:
+    res = _run(sim, EXAMPLE4, unit_profile(4))
+    assert res.iteration_ms == 25.0
+    assert res.peak_memory_bytes == (840.0, 840.0)
+
+
+def test_example5_unequal_interleaved(sim: str) -> None:
+    res = _run(sim, EXAMPLE5, unit_profile(4))
+    assert res.iteration_ms == 19.0
+    assert res.rank_end_ms[1] == 17.0
+    assert res.peak_memory_bytes == (880.0, 860.0)
+
+
+def test_example5_reordered_deadlocks(sim: str) -> None:
+    assert _run(sim, EXAMPLE5_DEADLOCK, unit_profile(4)).deadlock
+
+
+def test_example6_overheads(sim: str) -> None:
+    res = _run(sim, EXAMPLE3, unit_profile(4, op_overhead_ms=0.1, message_overhead_ms=0.05))
+    assert res.iteration_ms == pytest.approx(30.1, abs=1e-9)
+    assert res.busy_ms == pytest.approx((26.8, 26.8), abs=1e-9)

@@ -1,0 +1,85 @@
+"""Which actions feed which (MODEL.md section 4), and whether a plan deadlocks.
+
+An action waits for two things: its rank's previous action, and its inputs.
+A forward of stage ``j`` needs the forwards of stage ``j-1`` holding its
+samples; a ``B``/``I`` of stage ``j`` needs the ``B``/``I`` of stage ``j+1``
+holding its samples; a ``W`` needs its own ``I``, earlier on the same rank.
+Whether a plan deadlocks depends on these edges and the rank orders alone,
+never on durations: :func:`find_deadlock` answers it without a cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from umsearch.core.actions import Action
+from umsearch.core.plan import Plan
+from umsearch.core.samples import spans
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """The producer ranges of every action of one (valid) plan."""
+
+    plan: Plan
+
+    @cached_property
+    def forward_sources(self) -> tuple[tuple[range, ...], ...]:
+        """``[j][k]``: stage ``j-1``'s forward microbatches holding the samples of ``jFk`` (empty for j=0)."""
+        st = self.plan.stages
+        return tuple(() if j == 0 else tuple(spans(st[j - 1].forward, st[j].forward)) for j in range(len(st)))
+
+    @cached_property
+    def gradient_sources(self) -> tuple[tuple[range, ...], ...]:
+        """``[j][k]``: stage ``j+1``'s backward microbatches holding the samples of ``jBk``/``jIk``
+        (empty for the last stage, whose loss is part of its own forward)."""
+        st = self.plan.stages
+        n = len(st)
+        return tuple(() if j == n - 1 else tuple(spans(st[j + 1].backward, st[j].backward)) for j in range(n))
+
+    @cached_property
+    def gradient_kind(self) -> tuple[dict[int, str], ...]:
+        """``[j][k]``: ``"B"`` or ``"I"``, whichever action of stage j's backward k sends its gradient."""
+        out: list[dict[int, str]] = [{} for _ in self.plan.stages]
+        for acts in self.plan.actions:
+            for a in acts:
+                if a.kind in ("B", "I"):
+                    out[a.stage][a.mb] = a.kind
+        return tuple(out)
+
+    def producers(self, a: Action) -> list[Action]:
+        """The actions on earlier stages whose outputs ``a`` needs (its own rank's order aside)."""
+        if a.kind == "F":
+            return [Action(a.stage - 1, "F", i) for i in (self.forward_sources[a.stage][a.mb] if a.stage else ())]
+        if a.kind == "W" or a.stage == self.plan.num_stages - 1:
+            return []
+        nxt = a.stage + 1
+        return [Action(nxt, self.gradient_kind[nxt][i], i) for i in self.gradient_sources[a.stage][a.mb]]  # type: ignore[arg-type]
+
+
+def find_deadlock(plan: Plan) -> tuple[str, ...]:
+    """For a valid plan: one line per rank that can never finish, naming the action it is stuck at and
+    the first input that never comes; empty when the plan runs to the end.
+
+    Every rank runs its list in order and an action runs once its producers
+    have; the plan deadlocks exactly when this stops with actions left.
+    """
+    deps = Dependencies(plan)
+    done: set[Action] = set()
+    pos = [0] * plan.ranks
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in enumerate(plan.actions):
+            while pos[r] < len(acts) and all(p in done for p in deps.producers(acts[pos[r]])):
+                done.add(acts[pos[r]])
+                pos[r] += 1
+                progress = True
+    stuck = []
+    for r, acts in enumerate(plan.actions):
+        if pos[r] < len(acts):
+            a = acts[pos[r]]
+            missing = next(p for p in deps.producers(a) if p not in done)
+            stuck.append(f"rank {r} is stuck at {a}, waiting for {missing} on rank {plan.stages[missing.stage].rank}")
+    return tuple(stuck)

@@ -1,0 +1,79 @@
+"""What a simulation (or a measured run) of one iteration says: per-action records and per-rank totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from umsearch.core.actions import Kind
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionRecord:
+    """One action that ran, predicted or measured."""
+
+    rank: int
+    """The rank that ran it."""
+    stage: int
+    """Its stage."""
+    kind: Kind
+    """``F``, ``B``, ``I`` or ``W``."""
+    mb: int
+    """Microbatch index in the stage's forward (``F``) or backward list."""
+    size: int
+    """Samples in the microbatch."""
+    start_ms: float
+    """Start time since the iteration began."""
+    end_ms: float
+    """End time."""
+
+    @property
+    def label(self) -> str:
+        """``2F0``: the action's own notation."""
+        return f"{self.stage}{self.kind}{self.mb}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """What one plan costs under the model (MODEL.md sections 4 and 5)."""
+
+    deadlock: bool
+    """True when no action could start while some remained."""
+    iteration_ms: float | None
+    """Latest end of any action; None on deadlock."""
+    busy_ms: tuple[float, ...] | None
+    """Per rank, the sum of its actions' durations (overheads included); None on deadlock."""
+    peak_memory_bytes: tuple[float, ...] | None
+    """Per rank, state plus peak activations; None on deadlock."""
+    rank_end_ms: tuple[float, ...]
+    """Per rank, the end of its last action that ran."""
+    records: tuple[ActionRecord, ...] = field(repr=False)
+    """Every action that ran, in start order."""
+    blocked: tuple[str, ...] = ()
+    """On deadlock: each stuck rank's action and the input it waits for."""
+
+    @property
+    def ranks(self) -> int:
+        return len(self.rank_end_ms)
+
+    @property
+    def bubble_fraction(self) -> float | None:
+        """Idle share of all ranks over the iteration: ``1 - sum(busy) / (R * T)``."""
+        if self.iteration_ms is None or self.busy_ms is None or self.iteration_ms <= 0:
+            return None
+        return 1.0 - sum(self.busy_ms) / (len(self.busy_ms) * self.iteration_ms)
+
+    def rank_bubble(self, r: int) -> float | None:
+        """Idle share of rank ``r`` over the iteration."""
+        if self.iteration_ms is None or self.busy_ms is None or self.iteration_ms <= 0:
+            return None
+        return 1.0 - self.busy_ms[r] / self.iteration_ms
+
+    def predicted(self) -> dict[str, Any]:
+        """The plan file's ``predicted`` block."""
+        return {
+            "iteration_ms": self.iteration_ms,
+            "peak_memory_bytes": None if self.peak_memory_bytes is None else list(self.peak_memory_bytes),
+            "busy_ms": None if self.busy_ms is None else list(self.busy_ms),
+            "bubble_fraction": self.bubble_fraction,
+        }
