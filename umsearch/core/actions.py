@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 Kind = Literal["F", "B", "I", "W"]
@@ -70,3 +71,28 @@ def parse_actions(text: str | Sequence[str]) -> tuple[Action, ...]:
     """A rank's list from ``"0F0 0F1 0B0"`` or ``["0F0", "0F1", "0B0"]``."""
     items = text.split() if isinstance(text, str) else list(text)
     return tuple(parse_action(item) for item in items)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionRecord:
+    """One action that ran, predicted (the simulator) or measured (the runtime)."""
+
+    rank: int
+    """The rank that ran it."""
+    stage: int
+    """Its stage."""
+    kind: Kind
+    """``F``, ``B``, ``I`` or ``W``."""
+    mb: int
+    """Microbatch index in the stage's forward (``F``) or backward list."""
+    size: int
+    """Samples in the microbatch."""
+    start_ms: float
+    """Start time since the iteration began."""
+    end_ms: float
+    """End time."""
+
+    @property
+    def label(self) -> str:
+        """``2F0``: the action's own notation."""
+        return f"{self.stage}{self.kind}{self.mb}"

@@ -27,6 +27,10 @@ class NoFeasiblePlanError(UmsearchError):
     """No plan found fits the memory limit."""
 
 
+class ModelSpecError(UmsearchError):
+    """A model reference (zoo name or package.module:function) is malformed or not trusted."""
+
+
 class ProfilingError(UmsearchError):
     """Measuring a model failed in a way the user can fix (bad model, no CUDA, ...)."""
 

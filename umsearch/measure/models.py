@@ -6,8 +6,9 @@ import importlib
 
 import torch
 
-from umsearch.core.errors import ProfilingError
-from umsearch.measure.spec import BuiltModel, ModelSpec, parse_arg
+from umsearch.core.errors import ModelSpecError, ProfilingError
+from umsearch.core.model_spec import ModelSpec, parse_arg
+from umsearch.measure.spec import BuiltModel
 from umsearch.measure.zoo import ZOO, build_zoo
 
 __all__ = ["ZOO", "BuiltModel", "ModelSpec", "build_model", "parse_arg"]
@@ -22,6 +23,12 @@ def build_model(spec: ModelSpec, *, seed: int = 0) -> BuiltModel:
     returns ``(inputs, targets)`` for b independent samples, and ``loss(output,
     targets)`` the mean loss (default: cross-entropy for integer targets, else MSE).
     """
+    if not spec.trusted:
+        raise ModelSpecError(
+            f"the model {spec.source!r} comes from a data file and would import and run that module's code; "
+            "name it yourself (e.g. `umsearch run PLAN --model "
+            f"{spec.source}`) or pass --trust-model-code if you trust the file"
+        )
     torch.manual_seed(seed)
     if ":" not in spec.source:
         return build_zoo(spec.source, spec.args)

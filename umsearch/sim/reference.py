@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import heapq
 
-from umsearch.core.actions import Action
+from umsearch.core.actions import Action, ActionRecord
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import Dependencies, find_deadlock
 from umsearch.core.plan import Plan, validate_plan
-from umsearch.sim.result import ActionRecord, SimResult
+from umsearch.sim.result import SimResult
 
 _QUANTITY = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
 

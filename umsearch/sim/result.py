@@ -1,36 +1,11 @@
-"""What a simulation (or a measured run) of one iteration says: per-action records and per-rank totals."""
+"""What a simulation of one iteration says: per-action records and per-rank totals."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from umsearch.core.actions import Kind
-
-
-@dataclass(frozen=True, kw_only=True)
-class ActionRecord:
-    """One action that ran, predicted or measured."""
-
-    rank: int
-    """The rank that ran it."""
-    stage: int
-    """Its stage."""
-    kind: Kind
-    """``F``, ``B``, ``I`` or ``W``."""
-    mb: int
-    """Microbatch index in the stage's forward (``F``) or backward list."""
-    size: int
-    """Samples in the microbatch."""
-    start_ms: float
-    """Start time since the iteration began."""
-    end_ms: float
-    """End time."""
-
-    @property
-    def label(self) -> str:
-        """``2F0``: the action's own notation."""
-        return f"{self.stage}{self.kind}{self.mb}"
+from umsearch.core.actions import ActionRecord
 
 
 @dataclass(frozen=True, kw_only=True)
