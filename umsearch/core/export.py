@@ -1,0 +1,134 @@
+"""Action lists to and from torch.distributed.pipelining's compute-only CSV schedule.
+
+torch's ``_PipelineScheduleRuntime`` (2.13) can run any schedule given as a
+CSV file: ``schedule._load_csv(path, format="compute_only")``. Its loader reads
+the file with :mod:`csv`; row r is rank r's list, in order, and each cell is
+one action in torch's notation, which is also umsearch's (``2F0``, ``1B3``,
+``0I1``, ``0W1``; see :mod:`umsearch.core.actions`). An empty cell is an
+idle step and is skipped. "Compute only" means the file holds no
+communication (``SEND_F``, ``RECV_B``, ...) and no ``UNSHARD`` / ``RESHARD`` /
+``REDUCE_GRAD`` actions: the loader refuses communication there, and adds
+every send, receive and gradient reduction itself when it lowers the
+schedule.
+
+After reading, torch validates the whole schedule and refuses (with an
+``AssertionError``) a file where: the number of rows differs from the
+process group's size; a stage appears on two ranks; a stage does not run
+exactly ``n_microbatches`` forwards, or ``B`` plus ``I`` backwards, or as many
+``W`` as ``I``; or a ``B`` / ``I`` comes before its microbatch's forward, a
+``W`` before its ``I``, anywhere in the rank's row. Its runtime also splits the
+batch into ``n_microbatches`` equal chunks, so a umsearch plan with unequal
+microbatches has no faithful CSV. :func:`pipelining_csv` refuses (ValueError)
+the schedules torch's validation would refuse, so a file it writes loads; it
+also refuses an action listed twice, which torch's check (it counts distinct
+microbatches) lets through and its runtime would run twice.
+
+Pure Python; torch is not imported.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+
+from umsearch.core.actions import Action, parse_action
+
+
+def _refusal(actions: Sequence[Sequence[Action]]) -> str | None:
+    """Why torch's schedule validation would refuse these rank lists, or None."""
+    if len(actions) == 0:
+        return "there are no ranks; torch needs one row per rank of the process group"
+    owner: dict[int, int] = {}
+    seen: dict[tuple[int, str], set[int]] = {}
+    for r, row in enumerate(actions):
+        for pos, a in enumerate(row):
+            where = f"rank {r}, action {pos} ({a})"
+            if a.stage < 0 or a.mb < 0:
+                return f"{where}: stage and microbatch must be >= 0"
+            if owner.setdefault(a.stage, r) != r:
+                return f"{where}: stage {a.stage} is also on rank {owner[a.stage]}; a stage lives on one rank"
+            done = seen.setdefault((a.stage, a.kind), set())
+            if a.mb in done:
+                return f"{where}: {a} appears twice"
+            if a.kind in ("B", "I") and a.mb not in seen.get((a.stage, "F"), set()):
+                return f"{where}: {a} comes before {a.stage}F{a.mb}"
+            if a.kind == "W" and a.mb not in seen.get((a.stage, "I"), set()):
+                return f"{where}: {a} comes before {a.stage}I{a.mb}"
+            other = {"B": "I", "I": "B"}.get(a.kind)
+            if other is not None and a.mb in seen.get((a.stage, other), set()):
+                return f"{where}: microbatch {a.mb} of stage {a.stage} has both a B and an I"
+            done.add(a.mb)
+    stages = sorted(owner)
+    if stages != list(range(len(stages))):
+        missing = sorted(set(range(stages[-1] + 1)) - set(stages))
+        return (
+            f"stage {missing[0]} has no actions; stages must be 0..{stages[-1]} with none missing"
+        )
+    empty = [r for r, row in enumerate(actions) if len(row) == 0]
+    if empty:
+        return f"rank {empty[0]} has no actions; every rank must hold a stage"
+    m = len(seen[(0, "F")])
+    for s in stages:
+        fwd = seen.get((s, "F"), set())
+        bwd = seen.get((s, "B"), set()) | seen.get((s, "I"), set())
+        wgt = seen.get((s, "W"), set())
+        inp = seen.get((s, "I"), set())
+        if fwd != set(range(m)):
+            return (
+                f"stage {s} runs forwards of microbatches {sorted(fwd)}, but torch needs every "
+                f"stage to run microbatches 0..{m - 1} (stage 0's count) exactly once"
+            )
+        if bwd != fwd:
+            return f"stage {s} runs backwards of microbatches {sorted(bwd)}; it must be 0..{m - 1}"
+        if wgt != inp:
+            return f"stage {s} has W for microbatches {sorted(wgt)} but I for {sorted(inp)}"
+    return None
+
+
+def pipelining_csv(actions: Sequence[Sequence[Action]]) -> str:
+    """The compute-only CSV of these rank lists, as torch's ``_PipelineScheduleRuntime`` loads it.
+
+    One line per rank, rank 0 first; on each line the rank's actions in order,
+    comma-separated, written ``{stage}{kind}{microbatch}`` with no quoting or
+    spaces; lines end with ``\\n`` (torch's :mod:`csv` reader takes any line
+    ending). Raises ValueError, naming the first offending action, on lists
+    torch's loader would refuse (see the module docstring); the schedule's
+    ``n_microbatches`` must then equal each stage's microbatch count.
+    """
+    reason = _refusal(actions)
+    if reason is not None:
+        raise ValueError(f"torch.distributed.pipelining would refuse this schedule: {reason}")
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for row in actions:
+        writer.writerow([str(a) for a in row])
+    return buf.getvalue()
+
+
+def parse_pipelining_csv(text: str) -> tuple[tuple[Action, ...], ...]:
+    """Rank lists from a compute-only CSV (the inverse of :func:`pipelining_csv`).
+
+    Reads the file as torch's loader does: every CSV row is a rank, empty
+    cells (torch's idle steps, as its own ``_dump_csv`` writes them) are
+    skipped, and surrounding spaces are ignored. Raises ValueError on a cell
+    that is not a compute action (``SEND_F``, ``RESHARD`` and other
+    communication or sharding actions belong to torch's ``compute_comms``
+    format, not this one). The rank lists are not validated; pass them to
+    the plan validation for that.
+    """
+    out: list[tuple[Action, ...]] = []
+    for r, row in enumerate(csv.reader(io.StringIO(text))):
+        acts: list[Action] = []
+        for col, cell in enumerate(row):
+            if cell.strip() == "":
+                continue
+            try:
+                acts.append(parse_action(cell))
+            except ValueError:
+                raise ValueError(
+                    f"row {r} (rank {r}), column {col}: {cell.strip()!r} is not a compute action; "
+                    "a compute-only schedule holds only actions like '2F0', '1B3', '0I1', '0W1'"
+                ) from None
+        out.append(tuple(acts))
+    return tuple(out)
