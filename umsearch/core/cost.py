@@ -59,14 +59,10 @@ class CostTables:
 
     b_max: int
     """Largest microbatch size covered."""
-    fwd: FloatArray
-    """(b_max+1, L+1) prefix sums over layers of the forward time at each size."""
-    bwd: FloatArray
-    """Likewise, full backward."""
-    bwd_input: FloatArray
-    """Likewise, input-gradient backward; NaN where the profile has no split."""
-    bwd_weight: FloatArray
-    """Likewise, weight-gradient backward; NaN where the profile has no split."""
+    times: FloatArray
+    """(4, b_max+1, L+1): per action kind (F, B, I, W, the order of
+    :data:`~umsearch.core.actions.KINDS`), prefix sums over layers of its time at each size; the
+    I and W rows are NaN where the profile has no split. One array, so compiled code passes it cheaply."""
     out_bytes: FloatArray
     """(L,) bytes per sample of each layer's output."""
     stash_prefix: FloatArray
@@ -163,8 +159,9 @@ class CostModel:
                 f"of cost tables, above the limit of {MAX_TABLE_BYTES / 2**20:.0f} MiB; use smaller microbatches"
             )
         sizes = np.arange(b_max + 1)
-        dense = {q: _prefix(interpolate_times(self.profile.microbatch_sizes, self._raw[q], sizes)) for q in QUANTITIES}
-        arrays = {**dense, "out_bytes": self.out_bytes.copy(), "stash_prefix": self.stash_prefix.copy(),
+        times = np.stack([_prefix(interpolate_times(self.profile.microbatch_sizes, self._raw[q], sizes))
+                          for q in QUANTITIES])  # fmt: skip
+        arrays = {"times": times, "out_bytes": self.out_bytes.copy(), "stash_prefix": self.stash_prefix.copy(),
                   "param_prefix": self.param_prefix.copy()}  # fmt: skip
         for a in arrays.values():
             a.setflags(write=False)

@@ -1,0 +1,84 @@
+"""Compiled building blocks of MODEL.md sections 4 and 5, shared by every numba loop.
+
+(Each takes at most one array: numba passes an array as a struct of seven
+fields, and calls taking several cost more than the work they do.)
+
+The batch evaluator (:mod:`umsearch.sim.batch`) and the search's order
+generator (:mod:`umsearch.search.orders`) both time actions, ship messages and
+track memory; they do it through these functions, so the rules exist once in
+compiled form (the reference simulator is their plain-Python twin, and tests
+hold them equal). Kinds are 0 ``F``, 1 ``B``, 2 ``I``, 3 ``W``.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+
+@njit(cache=True)
+def compute_ms(kind, size, lo, hi, rec, times):  # type: ignore[no-untyped-def]
+    """An action's own compute time: its layers at its size (``times`` is
+    :attr:`umsearch.core.cost.CostTables.times`), plus the forward again when a recomputing stage
+    runs B or I."""
+    t = times[kind, size, hi] - times[kind, size, lo]
+    if rec and (kind == 1 or kind == 2):
+        t += times[0, size, hi] - times[0, size, lo]
+    return t
+
+
+@njit(cache=True)
+def transfer_ms(size, edge, out_bytes, latency, ms_per_byte):  # type: ignore[no-untyped-def]
+    """One message of ``size`` samples across the boundary after layer ``edge``."""
+    return latency + size * out_bytes[edge] * ms_per_byte
+
+
+@njit(cache=True)
+def memory_delta(kind, rec, stash, inp):  # type: ignore[no-untyped-def]
+    """(bytes added before the peak is taken, bytes released after) of one action, MODEL.md 5;
+    ``stash`` and ``inp`` are the stage's per-sample bytes times the microbatch size."""
+    if rec:
+        if kind == 0:
+            return inp, 0.0
+        if kind == 1:
+            return stash, inp + stash
+        if kind == 2:
+            return stash, inp
+        return 0.0, stash
+    if kind == 0:
+        return stash, 0.0
+    if kind == 2:
+        return 0.0, 0.0
+    return 0.0, stash
+
+
+@njit(cache=True)
+def spans(sender, s0, s1, receiver, r0, r1, first, last):  # type: ignore[no-untyped-def]
+    """For each receiver microbatch, the first and last sender microbatch holding its samples (one
+    linear merge, as :func:`umsearch.core.samples.spans`)."""
+    m = s0
+    end = sender[m]
+    start = 0
+    for k in range(r1 - r0):
+        stop = start + receiver[r0 + k]
+        first[k] = m - s0
+        while end < stop:
+            m += 1
+            end += sender[m]
+        last[k] = m - s0
+        start = stop
+        if end == stop and m + 1 < s1:
+            m += 1
+            end += sender[m]
+
+
+@njit(cache=True)
+def ready_at(deliveries, base, first, last):  # type: ignore[no-untyped-def]
+    """The latest delivery time of producers ``first..last`` (offset ``base``), or -1 while any is
+    still undelivered."""
+    t = 0.0
+    for m in range(first, last + 1):
+        d = deliveries[base + m]
+        if d < 0.0:
+            return -1.0
+        t = max(t, d)
+    return t
