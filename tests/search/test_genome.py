@@ -1,4 +1,4 @@
-"""The genome's rules and repair: any raw genes become a valid plan obeying the space."""
+"""The genome's rules and repair: any raw genes become a valid genome obeying the space."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.search.helpers import assert_obeys, rules_st
+from tests.search.helpers import assert_obeys, genomes, raw_genomes, rules_st
+from tests.strategies import uniform_profile
 from umsearch.core.errors import SearchSpaceError
 from umsearch.search.genome import (
     Rules,
-    make_plan,
+    default_rank_caps,
     repair,
     repair_cuts,
     repair_sequence,
@@ -20,27 +21,35 @@ from umsearch.search.space import build_space
 
 
 def _rules(**kw: object) -> Rules:
-    base: dict[str, object] = dict(num_layers=8, stages=3, batch=20, sizes=tuple(range(1, 9)), max_count=8,
-                                   schedule="any", recompute=True)  # fmt: skip
+    base: dict[str, object] = dict(num_layers=8, ranks=3, batch=20, sizes=tuple(range(1, 9)), max_count=8,
+                                   stages_per_rank=(1, 2), placements=("loop", "vshape"), split=True,
+                                   recompute=True)  # fmt: skip
     base.update(kw)
     return Rules(**base)  # type: ignore[arg-type]
 
 
-sizes_st = st.lists(st.integers(-3, 90), max_size=30)
-
-
 @settings(max_examples=300, deadline=None)
 @given(rules_st(), st.data())
-def test_any_genes_repair_to_a_valid_plan(rules: Rules, data: st.DataObject) -> None:
-    S = rules.stages
-    cuts = data.draw(st.lists(st.integers(-5, rules.num_layers + 5), min_size=S + 1, max_size=S + 1))
-    fwd = [data.draw(sizes_st) for _ in range(S)]
-    bwd = [data.draw(st.none() | sizes_st) for _ in range(S)]
-    warm = data.draw(st.lists(st.integers(-3, 50), min_size=S, max_size=S))
-    rec = data.draw(st.lists(st.booleans(), min_size=S, max_size=S))
-    plan = make_plan(rules, cuts, fwd, bwd, warm, rec)
-    assert_obeys(plan, rules)
-    assert repair(plan, rules) == plan  # a valid plan is a fixed point
+def test_any_genes_repair_to_a_valid_genome(rules: Rules, data: st.DataObject) -> None:
+    g = repair(data.draw(raw_genomes(rules)), rules)
+    assert_obeys(g, rules)
+    assert repair(g, rules) is g  # a valid genome is a fixed point, the same object
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules_st(), st.data())
+def test_fresh_repair_equals_full_repair(rules: Rules, data: st.DataObject) -> None:
+    """Re-checking only the edited stages gives what checking everything gives."""
+    g = data.draw(genomes(rules))
+    j = data.draw(st.integers(0, g.stages - 1))
+    edited = list(g.forward)
+    edited[j] = tuple(data.draw(st.lists(st.integers(1, 30), min_size=1, max_size=10)))
+    from dataclasses import replace
+
+    raw = replace(g, forward=tuple(edited), backward=tuple(edited) if not any(g.recompute) else g.backward)
+    if any(g.recompute):
+        raw = replace(raw, backward=tuple(edited[i] if not g.recompute[i] else b for i, b in enumerate(g.backward)))
+    assert repair(raw, rules, {j}) == repair(raw, rules)
 
 
 def test_repair_sequence_examples() -> None:
@@ -55,25 +64,10 @@ def test_repair_sequence_examples() -> None:
 
 
 def test_repair_cuts_keeps_order_and_room() -> None:
-    r = _rules(num_layers=6, stages=4)
-    assert repair_cuts([0, 3, 3, 3, 6], r) == (0, 3, 4, 5, 6)
-    assert repair_cuts([0, 9, 9, -1, 6], r) == (0, 1, 4, 5, 6)
-    assert repair_cuts([0, 1, 2, 5, 6], r) == (0, 1, 2, 5, 6)
-
-
-def test_schedule_families_fix_warmup() -> None:
-    fwd = [[5, 5, 6, 4]] * 3
-    for family, expect in (("gpipe", [4, 4, 4]), ("1f1b", [3, 2, 1]), ("any", [1, 4, 2])):
-        plan = make_plan(_rules(schedule=family), [0, 2, 4, 8], fwd, [None] * 3, [0, 7, 2], [False] * 3)
-        assert [s.warmup for s in plan.stages] == expect
-
-
-def test_backward_differs_only_when_recompute_is_allowed() -> None:
-    args = ([0, 2, 4, 8], [[8, 8, 4]] * 3, [[4, 4, 4, 8]] * 3, [2] * 3, [True, False, True])
-    on = make_plan(_rules(recompute=True), *args)
-    assert [s.backward for s in on.stages] == [(4, 4, 4, 8), (8, 8, 4), (4, 4, 4, 8)]
-    off = make_plan(_rules(recompute=False), *args)
-    assert all(s.backward == s.forward and not s.recompute for s in off.stages)
+    assert repair_cuts([0, 3, 3, 3, 6], 4, 6) == (0, 3, 4, 5, 6)
+    assert repair_cuts([0, 9, 9, -1, 6], 4, 6) == (0, 1, 4, 5, 6)
+    assert repair_cuts([0, 1, 2, 5, 6], 4, 6) == (0, 1, 2, 5, 6)
+    assert repair_cuts([0, 6], 3, 6) == (0, 1, 3, 6)  # too few cuts: the widest stage splits, twice
 
 
 def test_shaped_sequence_ramps() -> None:
@@ -84,10 +78,25 @@ def test_shaped_sequence_ramps() -> None:
     assert sum(shaped_sequence(r, 64, 1, 3, 1, 3)) == 64
 
 
+def test_default_rank_caps_follow_torchs_warmups() -> None:
+    r = _rules(ranks=4, batch=64, sizes=tuple(range(1, 65)), max_count=64, num_layers=8)
+    assert default_rank_caps(r, 1, [[4] * 16] * 4) == (16, 12, 8, 4)  # 1F1B: R - r microbatches
+    assert default_rank_caps(r, 2, [[4] * 16] * 8) == (44, 36, 28, 20)  # (v-1)R + 2(R-1-r) + 1
+
+
 def test_rules_refuse_impossible_spaces() -> None:
-    space = build_space({"profile": "p.json", "stages": 5, "global_batch": 16})
-    with pytest.raises(SearchSpaceError, match="stages = 5 but the profile has only 4 layers"):
-        Rules.of(space, 4)
-    space = build_space({"profile": "p.json", "stages": 2, "global_batch": 64, "max_microbatch": 8, "max_microbatches": 4})
+    space = build_space({"profile": "p.json", "ranks": 5, "global_batch": 16})
+    with pytest.raises(SearchSpaceError, match="ranks = 5 but the profile has only 4 layers"):
+        Rules.of(space, uniform_profile(4))
+    space = build_space({"profile": "p.json", "ranks": 2, "global_batch": 64, "max_microbatch": 8, "max_microbatches": 4})
     with pytest.raises(SearchSpaceError, match="max_count = 4 microbatches of at most 8"):
-        Rules.of(space, 4)
+        Rules.of(space, uniform_profile(4))
+    space = build_space({"profile": "p.json", "ranks": 3, "global_batch": 8, "stages_per_rank": [2, 3]})
+    with pytest.raises(SearchSpaceError, match="needs at least 6 layers"):
+        Rules.of(space, uniform_profile(4))
+
+
+def test_split_needs_the_profile_to_have_it() -> None:
+    space = build_space({"profile": "p.json", "ranks": 2, "global_batch": 8})
+    assert Rules.of(space, uniform_profile(4, split=True)).split
+    assert not Rules.of(space, uniform_profile(4, split=False)).split

@@ -1,99 +1,191 @@
-"""What users pick today, scored under the same model: the plans umsearch must beat.
+"""What users run today, scored under the same model: the plans umsearch must beat.
 
-- ``gpipe`` / ``1f1b``: equal microbatches, best count, best contiguous
-  partition for it. Partitions are enumerated exhaustively while there are at
-  most ``EXHAUSTIVE_LIMIT`` of them; beyond that the partition is the exact
-  bottleneck-minimizing DP (min over cuts of the slowest stage's
-  ``M * (F(b) + G(b))``, PipeDream-planner style), re-scored by simulation.
-- ``greedy``: each stage alone picks the size with its best per-sample time.
+Every peer schedule of MODEL.md 6.2 (torch.distributed.pipelining's orders,
+equal microbatches split as torch splits a batch) on every stage count the
+space allows it, at its best microbatch count and its best partition of the
+layers into ``R * v`` stages; plus a local greedy plan (every stage at its own
+most efficient size). A plan that fits no memory limit is no baseline.
 
-The exact optimum of tiny instances is :mod:`umsearch.search.exhaustive`; the
-lower bound, :mod:`umsearch.search.bound`.
+The partition: where every (stage count, microbatch count, partition) of a
+schedule adds up to at most :data:`EXACT_LIMIT` plans, all are scored: the
+exact best under the simulator. Otherwise every count is scored on the
+balanced cuts (:func:`~umsearch.search.partition.balanced_cuts`) and the
+:data:`REFINED_COUNTS` fastest per stage count get their partition searched:
+over every partition where there are at most :data:`EXHAUSTIVE_LIMIT`, else by
+descent from the balanced cuts (a local optimum). Each baseline's ``method``
+says which, so no heuristic result passes for an exact one.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from umsearch.core.cost import CostModel
-from umsearch.core.plan import Plan, StagePlan, equal_split, uniform_plan
+from umsearch.core.actions import KIND_CODE
+from umsearch.core.cost import CostTables
+from umsearch.core.plan import equal_split
+from umsearch.core.schedules import PEER_SCHEDULES, PeerSchedule, warmup_rule
+from umsearch.search.genome import Rules
+from umsearch.search.partition import Cuts, all_cuts, balanced_cuts, count_cuts, descend, stage_work
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
+from umsearch.sim.batch import ArrayPlan, action_code
 
-EXHAUSTIVE_LIMIT = 20_000
-
-
-def all_cuts(L: int, S: int) -> list[list[int]]:
-    return [[0, *c, L] for c in itertools.combinations(range(1, L), S - 1)]
-
-
-def bottleneck_cuts(cost: CostModel, S: int, stage_cost: np.ndarray) -> list[int]:
-    """Exact DP: cuts minimizing the largest ``stage_cost[lo, hi]`` over S contiguous stages."""
-    L = cost.num_layers
-    best = np.full((S + 1, L + 1), np.inf)
-    arg = np.zeros((S + 1, L + 1), dtype=int)
-    best[0, 0] = 0.0
-    for s in range(1, S + 1):
-        for hi in range(s, L + 1):
-            for lo in range(s - 1, hi):
-                v = max(best[s - 1, lo], stage_cost[lo, hi])
-                if v < best[s, hi]:
-                    best[s, hi], arg[s, hi] = v, lo
-    cuts = [L]
-    for s in range(S, 0, -1):
-        cuts.append(int(arg[s, cuts[-1]]))
-    return cuts[::-1]
+EXACT_LIMIT = 40_000
+"""Most plans (shapes times partitions) one schedule's exact search scores."""
+EXHAUSTIVE_LIMIT = 5_000
+"""Most partitions scored one by one for one schedule, stage count and microbatch count."""
+REFINED_COUNTS = 3
+"""Microbatch counts per schedule and stage count whose partition is searched beyond the balanced cuts."""
 
 
-def range_costs(cost: CostModel, b: int, m: float) -> np.ndarray:
-    """``[lo, hi]``: ``m * (F(b) + G(b))`` of the layer range, the work of m microbatches of b."""
-    cost.ensure(b)
-    per = cost.fwd_prefix[b] + cost.bwd_prefix[b]
-    return m * (per[None, :] - per[:, None])
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """One peer schedule at one stage count and microbatch count, with its fixed action lists."""
+
+    peer: PeerSchedule
+    """The schedule."""
+    v: int
+    """Stages per rank."""
+    microbatches: int
+    """Equal microbatches per stage."""
+    template: ArrayPlan
+    """The plan on placeholder cuts (only the cuts change between partitions)."""
+
+    def on(self, cuts: Cuts) -> ArrayPlan:
+        t = self.template
+        return ArrayPlan(batch=t.batch, ranks=t.ranks, cuts=np.asarray(cuts, dtype=np.int64), rank=t.rank,
+                         recompute=t.recompute, fwd=t.fwd, fwd_len=t.fwd_len, bwd=t.bwd, bwd_len=t.bwd_len,
+                         act=t.act, act_len=t.act_len)  # fmt: skip
 
 
-def _candidate_cuts(cost: CostModel, space: SearchSpace, b: int, m: int) -> tuple[list[list[int]], str]:
-    L, S = cost.num_layers, space.stages
-    if math.comb(L - 1, S - 1) <= EXHAUSTIVE_LIMIT:
-        return all_cuts(L, S), "exhaustive over cuts"
-    return [bottleneck_cuts(cost, S, range_costs(cost, b, m))], "bottleneck DP over cuts"
+def _template(peer: PeerSchedule, rules: Rules, v: int, m: int) -> ArrayPlan:
+    R, S = rules.ranks, rules.ranks * v
+    split = np.tile(np.asarray(equal_split(rules.batch, m), dtype=np.int64), S)
+    acts = peer.generate(R, v, m)
+    codes = np.array([action_code(a.stage, KIND_CODE[a.kind], a.mb) for r in acts for a in r], dtype=np.int64)
+    return ArrayPlan(batch=rules.batch, ranks=R, cuts=np.arange(S + 1, dtype=np.int64),
+                     rank=np.asarray(peer.stage_ranks(R, v), dtype=np.int64), recompute=np.zeros(S, dtype=np.bool_),
+                     fwd=split, fwd_len=np.full(S, m, dtype=np.int64), bwd=split, bwd_len=np.full(S, m, dtype=np.int64),
+                     act=codes, act_len=np.array([len(r) for r in acts], dtype=np.int64))  # fmt: skip
 
 
-def equal_plans(cost: CostModel, space: SearchSpace, schedule: str) -> list[Scored]:
-    """For each microbatch count M, the best equal-microbatch plan of one family that fits the limit."""
-    B = space.global_batch
-    counts = sorted({-(-B // b) for b in space.microbatch_sizes if -(-B // b) <= space.max_microbatches})
-    out: list[Scored] = []
-    for m in counts:
-        split = equal_split(B, m)
-        cuts_list, method = _candidate_cuts(cost, space, split[0], m)
-        plans = [uniform_plan(c, B, m, schedule) for c in cuts_list]
-        best = Scorer(cost).fastest(plans, space.memory_limit, f"{schedule} equal", f"{method}, M={m}")
-        if best is not None:
-            out.append(best)
+def counts(rules: Rules) -> list[int]:
+    """Microbatch counts whose equal split stays inside the space's sizes and count limit."""
+    lo, hi = rules.sizes[0], rules.largest
+    return [m for m in range(1, min(rules.batch, rules.max_count) + 1)
+            if lo <= rules.batch // m and -(-rules.batch // m) <= hi]  # fmt: skip
+
+
+def shapes(peer: PeerSchedule, rules: Rules) -> list[Shape]:
+    """Every (stage count, microbatch count) the space allows and torch accepts for ``peer``."""
+    out = []
+    for v in rules.stages_per_rank:
+        for m in counts(rules):
+            if peer.accepts(rules.ranks, v, m) is None:
+                out.append(Shape(peer=peer, v=v, microbatches=m, template=_template(peer, rules, v, m)))
     return out
 
 
-def equal_baseline(cost: CostModel, space: SearchSpace, schedule: str) -> Scored | None:
-    """Best equal-microbatch plan of one schedule family that fits the memory limit."""
-    return min(equal_plans(cost, space, schedule), key=lambda s: s.iteration_ms, default=None)
+def _partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables) -> tuple[Cuts, float, str]:
+    S, L = rules.ranks * shape.v, rules.num_layers
+    times = lambda cs: score.plans([shape.on(c) for c in cs])[0]  # noqa: E731
+    n = count_cuts(L, S)
+    if n <= EXHAUSTIVE_LIMIT:
+        cands = all_cuts(L, S)
+        t = times(cands)
+        i = int(np.argmin(t))
+        return cands[i], float(t[i]), f"best of all {n} partitions"
+    b = -(-rules.batch // shape.microbatches)
+    start = [balanced_cuts(stage_work(tables, b), S)]
+    cuts, t_best = descend(start, times)
+    return cuts, t_best, f"cut descent from the balanced partition (local optimum; {n} partitions)"
 
 
-def greedy_baseline(cost: CostModel, space: SearchSpace, cuts: list[int]) -> Scored | None:
-    """Each stage takes its own best per-sample size; GPipe and 1F1B warmups, best kept."""
-    B, S = space.global_batch, space.stages
-    seqs = []
-    for s in range(S):
-        lo, hi = cuts[s], cuts[s + 1]
-        sizes = [b for b in space.microbatch_sizes if -(-B // b) <= space.max_microbatches]
-        b = min(sizes, key=lambda v: (cost.stage_fwd_ms(lo, hi, v) + cost.stage_bwd_ms(lo, hi, v, False)) / v)
-        q, r = divmod(B, b)
-        seqs.append(tuple([b] * q + ([r] if r else [])))
-    families = ("gpipe", "1f1b")
-    plans = [Plan(global_batch=B, stages=tuple(
-        StagePlan(layers=(cuts[s], cuts[s + 1]), forward=seqs[s], backward=seqs[s],
-                  warmup=len(seqs[s]) if sched == "gpipe" else S - s) for s in range(S))) for sched in families]  # fmt: skip
-    return Scorer(cost).fastest(plans, space.memory_limit, "local greedy", [f"{f} warmups" for f in families])
+def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostTables) -> Scored | None:
+    """``peer``'s fastest plan that fits: best stage count, microbatch count and partition."""
+    cands = shapes(peer, rules)
+    if not cands:
+        return None
+    total = sum(count_cuts(rules.num_layers, rules.ranks * s.v) for s in cands)
+    if total <= EXACT_LIMIT:
+        return _exact(peer, cands, rules, score, total)
+    first = [s.on(balanced_cuts(stage_work(tables, -(-rules.batch // s.microbatches)), rules.ranks * s.v))
+             for s in cands]  # fmt: skip
+    t0 = score.plans(first)[0]
+    best: tuple[float, Shape, Cuts, str] | None = None
+    order = np.argsort(t0, kind="stable")
+    by_v: dict[int, int] = {}
+    for i in order:
+        s = cands[int(i)]
+        if not np.isfinite(t0[i]) and best is not None:
+            break
+        if by_v.get(s.v, 0) >= REFINED_COUNTS:
+            continue
+        by_v[s.v] = by_v.get(s.v, 0) + 1
+        cuts, t, how = _partition(s, rules, score, tables)
+        if np.isfinite(t) and (best is None or t < best[0]):
+            best = (t, s, cuts, how)
+    if best is None:
+        return None
+    _, s, cuts, how = best
+    method = (f"{peer.torch_class}, {s.v} stage(s)/rank, M={s.microbatches}, {how}, for the "
+              f"{REFINED_COUNTS} fastest counts per stage count on balanced cuts")  # fmt: skip
+    return score.scored_plan(s.on(cuts), peer.name, method)
+
+
+def _exact(peer: PeerSchedule, cands: list[Shape], rules: Rules, score: Scorer, total: int) -> Scored | None:
+    best: tuple[float, Shape, Cuts] | None = None
+    for s in cands:
+        cuts = all_cuts(rules.num_layers, rules.ranks * s.v)
+        t = score.plans([s.on(c) for c in cuts])[0]
+        i = int(np.argmin(t))
+        if np.isfinite(t[i]) and (best is None or t[i] < best[0]):
+            best = (float(t[i]), s, cuts[i])
+    if best is None:
+        return None
+    _, s, cut = best
+    method = (f"{peer.torch_class}, {s.v} stage(s)/rank, M={s.microbatches}, best of all {total} "
+              "(stage count, microbatch count, partition) choices")  # fmt: skip
+    return score.scored_plan(s.on(cut), peer.name, method)
+
+
+def greedy_baseline(rules: Rules, score: Scorer, tables: CostTables, cuts: Sequence[int]) -> Scored | None:
+    """One stage per rank, each at its own best per-sample size, 1F1B order (the warmup rule)."""
+    R = rules.ranks
+    if len(cuts) != R + 1:
+        return None
+    lists = []
+    for j in range(R):
+        lo, hi = cuts[j], cuts[j + 1]
+        ok = [b for b in rules.sizes if -(-rules.batch // b) <= rules.max_count]
+        per = [(tables.times[0, b, hi] - tables.times[0, b, lo] + tables.times[1, b, hi] - tables.times[1, b, lo]) / b
+               for b in ok]  # fmt: skip
+        b = ok[int(np.argmin(per))]
+        q, r = divmod(rules.batch, b)
+        lists.append([b] * q + ([r] if r else []))
+    acts = [warmup_rule(j, lists[j], lists[j], R - j) for j in range(R)]
+    flat = np.array([v for f in lists for v in f], dtype=np.int64)
+    lens = np.array([len(f) for f in lists], dtype=np.int64)
+    ap = ArrayPlan(batch=rules.batch, ranks=R, cuts=np.asarray(cuts, dtype=np.int64), rank=np.arange(R, dtype=np.int64),
+                   recompute=np.zeros(R, dtype=np.bool_), fwd=flat, fwd_len=lens, bwd=flat, bwd_len=lens,
+                   act=np.array([action_code(a.stage, KIND_CODE[a.kind], a.mb) for r in acts for a in r], dtype=np.int64),
+                   act_len=np.array([len(a) for a in acts], dtype=np.int64))  # fmt: skip
+    s = score.scored_plan(ap, "local greedy", "each stage at its best per-sample size, 1F1B order")
+    return s if np.isfinite(s.iteration_ms) and s.max_memory <= score.memory_limit else None
+
+
+def baselines(space: SearchSpace, rules: Rules, score: Scorer, tables: CostTables) -> dict[str, Scored | None]:
+    """Every requested peer schedule's best plan, and the local greedy plan; None where none fits
+    (or the profile lacks the I/W split a zero-bubble schedule needs)."""
+    out: dict[str, Scored | None] = {}
+    for name in space.peers:
+        peer = PEER_SCHEDULES[name]
+        out[name] = None if peer.split_backward and not rules.split else peer_baseline(peer, rules, score, tables)
+    v1 = [s for s in out.values() if s is not None and s.plan.num_stages == rules.ranks]
+    cuts = ((0, *[st.lo for st in v1[0].plan.stages[1:]], rules.num_layers) if v1
+            else balanced_cuts(stage_work(tables, rules.largest), rules.ranks))  # fmt: skip
+    out["local greedy"] = greedy_baseline(rules, score, tables, cuts)
+    return out

@@ -1,62 +1,104 @@
-"""A lower bound on the iteration time of any plan on S stages: the yardstick for the search's gap.
+"""A lower bound on the iteration time of any plan in a space: the yardstick for the search's gap.
 
-Stage ``s`` covering layers ``[lo, hi)`` cannot start before sample 0 has
-gone forward through every layer before ``lo`` (each earlier stage ran at
-least one forward, each boundary cost at least the link latency); it is
-busy for at least the least total compute of its layers over every way of
-splitting B; and after its last backward the gradient of sample B-1 still has
-to go back through every layer before ``lo``. So
+Three facts, each true of every valid plan on R ranks (MODEL.md sections 2-4),
+with per-layer least times taken over microbatch sizes 1..B:
 
-    T >= head(lo) + work(lo, hi) + tail(lo),  for every stage,
-
-with ``head`` / ``tail`` the sums of each earlier layer's least forward /
-backward time over microbatch sizes plus ``s`` latencies, and ``work`` the
-unbounded-knapsack minimum of ``F(b) + G(b)`` over splits of B. The bound is
-the minimum over partitions of the largest such term (an exact DP).
+1. *Work and fill.* Every layer's forward and backward work is done once per
+   sample, at best as its own cheapest split of B (``min_split``; a backward
+   split into I and W counts when that is cheaper), and every action costs the
+   runtime's overhead. A rank idles until sample 0 reaches its first stage;
+   the ranks' first stages start at R distinct layers, the i-th earliest at
+   layer >= i, behind a message. So ``R * T >= total work + sum of those
+   waits``.
+2. *Critical path.* Sample 0 goes forward through every layer and its
+   gradient back to layer 0, crossing at least ``R - 1`` rank boundaries each
+   way.
+3. *One stage per rank* (only when the space allows nothing else, so every
+   stage is a rank): stage ``[lo, hi)`` waits for sample 0 to reach it, does
+   its least work, and then (unless backwards may be split, which lets W
+   overlap) its last gradient still travels back through every earlier layer;
+   minimized over partitions by an exact DP.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from umsearch.core.cost import CostModel
-from umsearch.search.space import SearchSpace
+from umsearch.core.cost import CostTables
+from umsearch.search.genome import Rules
+
+MAX_KNAPSACK = 2_000_000
+"""Largest ``batch * sizes`` solved exactly by :func:`min_split`."""
+MAX_DP_LAYERS = 128
+"""Fact 3's partition DP (layers squared ranges, each a knapsack) runs up to this many layers."""
 
 
-def min_compute_table(cost: CostModel, batch: int) -> np.ndarray:
-    """``[lo, hi]``: least ``sum F(b) + G(b)`` over every split of ``batch`` (any sizes: a valid bound)."""
-    L = cost.num_layers
-    cost.ensure(batch)
-    per_b = cost.fwd_prefix[: batch + 1] + cost.bwd_prefix[: batch + 1]  # (B+1, L+1)
-    lo, hi = np.triu_indices(L + 1, k=1)
-    per = (per_b[:, hi] - per_b[:, lo]).T  # (R, B+1), per[:, 0] == 0
-    best = np.zeros((per.shape[0], batch + 1))
+def _per_layer(tables: CostTables, kind: int, batch: int) -> np.ndarray:
+    """(batch+1, L) per-layer time of one action kind at every size 0..batch."""
+    return np.diff(tables.times[kind, : batch + 1], axis=1)
+
+
+def _backward(tables: CostTables, batch: int, split: bool) -> np.ndarray:
+    """Per-layer least backward cost at each size: B, or I + W where splitting is allowed and cheaper."""
+    full = _per_layer(tables, 1, batch)
+    if not split:
+        return full
+    return np.minimum(full, _per_layer(tables, 2, batch) + _per_layer(tables, 3, batch))
+
+
+def min_split(per_size: np.ndarray, batch: int) -> np.ndarray:
+    """Per column, the least ``sum per_size[b_i]`` over all ways to write ``batch`` as a sum of sizes
+    ``b_i`` from 1 to ``len(per_size) - 1`` (an unbounded knapsack; row 0 must be 0).
+
+    Exact while ``batch * sizes`` stays small; beyond that, ``batch`` times the least cost per
+    sample, which is never more (a valid bound, cheaper by far).
+    """
+    top = per_size.shape[0] - 1
+    if batch * top > MAX_KNAPSACK:
+        sizes = np.arange(1, top + 1)[:, None]
+        return batch * np.min(per_size[1:] / sizes, axis=0)
+    best = np.zeros((batch + 1, per_size.shape[1]))
     for n in range(1, batch + 1):
-        best[:, n] = np.min(best[:, n - 1 :: -1][:, :n] + per[:, 1 : n + 1], axis=1)
-    table = np.full((L + 1, L + 1), np.inf)
-    table[lo, hi] = best[:, batch]
-    return table
+        k = min(n, top)
+        best[n] = np.min(best[n - 1 :: -1][:k] + per_size[1 : k + 1], axis=0)
+    return best[batch]
 
 
-def _least_layer_times(prefix: np.ndarray, batch: int) -> np.ndarray:
-    """Per layer, its least time over microbatch sizes 1..batch (times may be non-monotone)."""
-    per_layer = np.diff(prefix[1 : batch + 1], axis=1)  # (batch, L)
-    return per_layer.min(axis=0)
+def lower_bound(tables: CostTables, rules: Rules) -> float:
+    """No plan of the space can finish an iteration faster than this (ms)."""
+    B, R = rules.batch, rules.ranks
+    top = min(B, tables.b_max)  # microbatches are never larger than the largest allowed size
+    fwd, bwd = _per_layer(tables, 0, top), _backward(tables, top, rules.split)
+    grad = np.minimum(_per_layer(tables, 2, top), _per_layer(tables, 1, top)) if rules.split else _per_layer(tables, 1, top)
+    least_f, least_g = fwd[1:].min(axis=0), grad[1:].min(axis=0)
+    lat, op, msg = tables.latency_ms, tables.op_overhead_ms, tables.message_overhead_ms
+    head = np.concatenate([[0.0], np.cumsum(least_f)])  # head[i]: sample 0 through layers < i
+    work = float(min_split(fwd + bwd, B).sum()) + 2 * R * op + 4 * (R - 1) * msg
+    fill = float(sum(head[i] + lat for i in range(1, R)))
+    bounds = [(work + fill) / R]
+    bounds.append(float(least_f.sum() + least_g.sum()) + 2 * R * op + 2 * (R - 1) * (lat + 2 * msg))
+    if rules.stages_per_rank == (1,) and rules.num_layers <= MAX_DP_LAYERS:
+        bounds.append(_one_stage_per_rank(tables, rules, fwd + bwd, head, np.concatenate([[0.0], np.cumsum(least_g)])))
+    return max(bounds)
 
 
-def lower_bound(cost: CostModel, space: SearchSpace) -> float:
-    """No plan on ``space.stages`` stages can finish an iteration faster than this (ms)."""
-    B, S, L = space.global_batch, space.stages, cost.num_layers
-    work = min_compute_table(cost, B)
-    edge = np.concatenate([[0.0], np.cumsum(_least_layer_times(cost.fwd_prefix, B)
-                                             + _least_layer_times(cost.bwd_prefix, B))])  # fmt: skip
-    # best[s, hi]: least possible max over stages 0..s-1 of their bounds, first s stages ending at hi.
-    best = np.full((S + 1, L + 1), np.inf)
+def _one_stage_per_rank(tables: CostTables, rules: Rules, per_size: np.ndarray, head: np.ndarray,
+                        tail: np.ndarray) -> float:  # fmt: skip
+    """Fact 3: min over partitions of the largest ``head + work + tail`` over stages (exact DP)."""
+    B, R, L = rules.batch, rules.ranks, rules.num_layers
+    prefix = np.hstack([np.zeros((per_size.shape[0], 1)), np.cumsum(per_size, axis=1)])  # (B+1, L+1)
+    lo, hi = np.triu_indices(L + 1, k=1)
+    work = np.full((L + 1, L + 1), np.inf)
+    work[lo, hi] = min_split(prefix[:, hi] - prefix[:, lo], B)
+    lat, op, msg = tables.latency_ms, tables.op_overhead_ms, tables.message_overhead_ms
+    best = np.full((R + 1, L + 1), np.inf)
     best[0, 0] = 0.0
-    for s in range(S):
-        for lo in range(s, L):
-            if not np.isfinite(best[s, lo]):
+    for s in range(R):
+        for a in range(s, L):
+            if not np.isfinite(best[s, a]):
                 continue
-            stage = edge[lo] + 2 * s * cost.latency_ms + work[lo, lo + 1 :]
-            np.minimum(best[s + 1, lo + 1 :], np.maximum(best[s, lo], stage), out=best[s + 1, lo + 1 :])
-    return float(best[S, L])
+            waits = (head[a] + lat) if a else 0.0
+            back = 0.0 if rules.split or a == 0 else tail[a] + lat
+            stage = waits + work[a, a + 1 :] + 2 * op + back + (2 * msg if R > 1 else 0.0)
+            np.minimum(best[s + 1, a + 1 :], np.maximum(best[s, a], stage), out=best[s + 1, a + 1 :])
+    return float(best[R, L])

@@ -1,36 +1,59 @@
-"""Run one search: baselines, NSGA-II over plan genomes, local polish, the chosen plan and its front."""
+"""Run one search: baselines, a first pass over structures, NSGA-II over genomes, polish, the front.
+
+1. Baselines (:mod:`~umsearch.search.baselines`): every peer schedule at its
+   best microbatch count and partition, and the local greedy plan.
+2. First pass: a fixed grid of structures (chunks per rank, placement, split
+   or not, equal microbatch counts on balanced cuts, a few knob settings),
+   scored by the order generator. It does not depend on the seed, so every
+   seed starts from the same basins.
+3. NSGA-II (pymoo) seeded with the first pass's best, objectives time and the
+   fullest rank's memory, constraint the memory limit.
+4. Iterated local search from the fastest distinct genomes.
+
+The result is the fastest feasible plan among everything scored, baselines
+included, so it is never slower than a baseline. Deterministic for a seed
+unless the time budget cuts the search short (``budget_hit``); Ctrl-C keeps
+what was found.
+"""
 
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
 
-from umsearch.core.cost import CostModel
+from umsearch.core.cost import CostModel, CostTables
 from umsearch.core.errors import NoFeasiblePlanError
-from umsearch.core.plan import Plan
+from umsearch.core.plan import equal_split
 from umsearch.core.profile import Profile
-from umsearch.search.baselines import bottleneck_cuts, equal_plans, greedy_baseline, range_costs
+from umsearch.search.baselines import baselines, counts
 from umsearch.search.bound import lower_bound
-from umsearch.search.genome import Rules, cuts_of
+from umsearch.search.genome import POLICY_COUNT, Genome, Rules, genome_of
 from umsearch.search.local import ClimbConfig, Step, iterated_climb
 from umsearch.search.operators import (
-    PlanCrossover,
-    PlanDuplicates,
-    PlanMutation,
-    PlanRepair,
-    PlanSampling,
+    Anchors,
+    GenomeCrossover,
+    GenomeDuplicates,
+    GenomeMutation,
+    GenomeRepair,
+    GenomeSampling,
 )
-from umsearch.search.problem import PlanProblem
+from umsearch.search.partition import balanced_cuts, stage_work
+from umsearch.search.problem import GenomeProblem
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
 
 POLISH = ClimbConfig()
 """The local search's effort (see :class:`~umsearch.search.local.ClimbConfig`)."""
+T = TypeVar("T")
+FIRST_PASS_COUNTS = 12
+"""Equal microbatch counts per structure in the first pass (spread over the allowed ones)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,164 +61,193 @@ class Progress:
     """What the search reports as it goes."""
 
     phase: str
-    """``baselines``, ``nsga2`` or ``polish``."""
-    generation: int
-    """NSGA-II generations done."""
+    """``baselines``, ``first pass``, ``nsga2`` or ``polish``."""
+    done: int
+    """Steps of the phase done: baselines scored, generations run, climbs finished."""
+    total: int
+    """Steps of the phase in all."""
     best_ms: float
     """Fastest feasible iteration time so far (inf while none)."""
-    feasible: int
-    """Feasible plans in the current population."""
     evaluations: int
-    """Plans scored so far."""
+    """Candidates scored so far."""
     elapsed_s: float
+    """Seconds since the search began."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SearchResult:
+    """What a search found."""
+
     best: Scored
     """Fastest feasible plan (never slower than a feasible baseline)."""
     pareto: list[Scored]
-    """Non-dominated feasible plans, fastest first."""
+    """Non-dominated feasible plans (time, fullest rank's memory), fastest first."""
     baselines: dict[str, Scored | None]
     """Each baseline, None where none fits the memory limit."""
     lower_bound_ms: float
+    """No plan of the space is faster than this."""
     generations: int
+    """NSGA-II generations run."""
     evaluations: int
+    """Candidates scored."""
     wall_s: float
+    """Seconds the search took."""
     interrupted: bool
     """Ctrl-C stopped the search early."""
     budget_hit: bool
     """The time budget stopped the search early (the result then depends on machine speed)."""
 
 
-def _front(items: list[Scored]) -> list[Scored]:
-    """Non-dominated items (time, memory), fastest first; the first of equal plans kept."""
-    items = sorted(items, key=lambda s: (s.iteration_ms, s.max_memory))
-    out: list[Scored] = []
-    for it in items:
-        if not out or it.max_memory < out[-1].max_memory:
+def _spread(values: list[int], n: int) -> list[int]:
+    """At most ``n`` of ``values`` (ascending), evenly spread, ends included."""
+    if len(values) <= n:
+        return values
+    return sorted({values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)})
+
+
+def _anchors(rules: Rules, tables: CostTables, base: dict[str, Scored | None]) -> Anchors:
+    """Per chunks-per-rank count: the baselines' cuts and the balanced cuts at a few sizes."""
+    out: dict[int, list[tuple[int, ...]]] = {}
+    sizes = sorted({rules.sizes[0], rules.sizes[len(rules.sizes) // 2], rules.largest})
+    for v in rules.stages_per_rank:
+        S = rules.ranks * v
+        cuts = [(0, *[st.lo for st in b.plan.stages[1:]], rules.num_layers) for b in base.values()
+                if b is not None and b.plan.num_stages == S]  # fmt: skip
+        cuts += [balanced_cuts(stage_work(tables, b), S) for b in sizes]
+        out[v] = list(dict.fromkeys(cuts))
+    return out
+
+
+def first_pass(rules: Rules, tables: CostTables) -> list[Genome]:
+    """The fixed grid of structures (see the module docstring), repaired."""
+    out = []
+    for v in rules.stages_per_rank:
+        for kind in rules.placements if v > 1 else ("loop",):
+            for m in _spread(counts(rules), FIRST_PASS_COUNTS):
+                lists = [equal_split(rules.batch, m)] * (rules.ranks * v)
+                cuts = balanced_cuts(stage_work(tables, -(-rules.batch // m)), rules.ranks * v)
+                for split in (False, True) if rules.split else (False,):
+                    g = genome_of(rules, v, kind, cuts, lists, split=split)
+                    out += [_scaled(g, f, rules, p) for f in (1.0, 1.5) for p in range(POLICY_COUNT)]
+    return list(dict.fromkeys(out))
+
+
+def _scaled(g: Genome, factor: float, rules: Rules, policy: int) -> Genome:
+    from dataclasses import replace
+
+    from umsearch.search.genome import repair
+
+    return repair(replace(g, rank_cap=tuple(max(1, int(c * factor)) for c in g.rank_cap),
+                          policy=(policy,) * rules.ranks), rules)  # fmt: skip
+
+
+def _front(items: list[T], key: Callable[[T], tuple[float, float]]) -> list[T]:
+    """Non-dominated items by ``key`` (time, memory), fastest first; the first of equal ones kept."""
+    out: list[T] = []
+    for it in sorted(items, key=key):
+        if not out or key(it)[1] < key(out[-1])[1]:
             out.append(it)
     return out
 
 
-def _anchors(cost: CostModel, space: SearchSpace, baselines: dict[str, Scored | None]) -> list[list[int]]:
-    """Cut vectors to sample around: the baselines' and the balanced cuts at a few microbatch sizes."""
-    out = [cuts_of(b.plan) for b in baselines.values() if b is not None]
-    B = space.global_batch
-    for b in sorted({space.microbatch_sizes[0], space.microbatch_sizes[len(space.microbatch_sizes) // 2],
-                     space.microbatch_sizes[-1]}):  # fmt: skip
-        out.append(bottleneck_cuts(cost, space.stages, range_costs(cost, b, B / b)))
-    unique: list[list[int]] = []
-    for c in out:
-        if c not in unique:
-            unique.append(c)
-    return unique
+class _Run:
+    """One search's state: what it scored and found, and how it reports."""
 
+    def __init__(self, space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None) -> None:
+        self.space, self.on_progress = space, on_progress
+        self.start = time.perf_counter()
+        self.deadline = self.start + space.time_budget_s
+        self.rules = Rules.of(space, profile)
+        self.tables = CostModel(profile, state_factor=space.state_factor).tables(self.rules.largest)
+        self.score = Scorer(self.rules, self.tables, space.memory_limit)
+        self.found: dict[Genome, tuple[float, float]] = {}  # feasible genome -> (time, memory)
+        self.best_ms = math.inf
+        self.generations = 0
 
-def _no_fit(plans: list[Plan], score: Scorer, limit: float) -> NoFeasiblePlanError:
-    """The error for a search where nothing fits, naming the least memory seen and its stage."""
-    where = ""
-    if plans:
-        sc = score(plans)
-        live = np.flatnonzero(~sc.deadlock)
-        if len(live):
-            i = int(live[np.argmin(sc.max_memory[live])])
-            where = f"; the smallest peak memory found is {sc.max_memory[i]:.0f} bytes, on stage {int(np.argmax(sc.memory[i]))}"
-    return NoFeasiblePlanError(f"no plan fits memory_limit = {limit:.0f} bytes{where}; "
-                               "raise the limit, add stages or allow recompute")  # fmt: skip
+    def report(self, phase: str, done: int, total: int) -> None:
+        if self.on_progress is not None:
+            self.on_progress(Progress(phase=phase, done=done, total=total, best_ms=self.best_ms,
+                                      evaluations=self.score.count, elapsed_s=time.perf_counter() - self.start))  # fmt: skip
 
+    def keep(self, genomes: list[Genome], times: np.ndarray, mems: np.ndarray) -> None:
+        for g, t, m in zip(genomes, times, mems, strict=True):
+            if np.isfinite(t) and m <= self.space.memory_limit:
+                self.found[g] = (float(t), float(m))
+                self.best_ms = min(self.best_ms, float(t))
 
-def _baselines(cost: CostModel, space: SearchSpace) -> tuple[dict[str, Scored | None], list[Plan]]:
-    """The baselines, and the plans to seed NSGA-II with.
+    def over(self) -> bool:
+        return time.perf_counter() > self.deadline
 
-    Seeds are the baselines of the allowed families, then the fastest equal
-    plans of other microbatch counts: distinct basins for the search to start from.
-    """
-    equal = {name: equal_plans(cost, space, name) for name in ("gpipe", "1f1b")}
-    baselines: dict[str, Scored | None] = {
-        name: min(plans, key=lambda s: s.iteration_ms, default=None) for name, plans in equal.items()
-    }
-    ref = baselines["gpipe"] or baselines["1f1b"]
-    cuts = cuts_of(ref.plan) if ref else list(np.linspace(0, cost.num_layers, space.stages + 1).astype(int))
-    baselines["greedy"] = greedy_baseline(cost, space, cuts)
-    seeds = [b.plan for name, b in baselines.items() if b is not None and space.schedule in ("any", name)]
-    others = sorted((s for name, ps in equal.items() if space.schedule in ("any", name) for s in ps),
-                    key=lambda s: s.iteration_ms)  # fmt: skip
-    seeds += [s.plan for s in others if s.plan not in seeds][: max(0, space.population // 4 - len(seeds))]
-    return baselines, seeds
-
-
-def _climb_starts(plans: list[Plan], score: Scorer, limit: float) -> list[Scored]:
-    """The fastest distinct feasible plans, at most ``POLISH.starts``."""
-    starts: list[Scored] = []
-    for s in sorted(score.feasible(plans, limit), key=lambda s: (s.iteration_ms, s.max_memory)):
-        if len(starts) < POLISH.starts and all(s.plan != t.plan for t in starts):
-            starts.append(s)
-    return starts
+    def fastest(self, n: int) -> list[Genome]:
+        return [g for g, _ in sorted(self.found.items(), key=lambda kv: kv[1])[:n]]
 
 
 def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
-    """Search ``space``; Ctrl-C stops early and still returns the best found.
-
-    Baselines, then NSGA-II from a population seeded with them, then an
-    iterated local search from the fastest distinct plans found. Deterministic
-    for a seed unless the time budget cuts the search short (``budget_hit``).
-    """
-    start = time.perf_counter()
-    deadline = start + space.time_budget_s
-    rules = Rules.of(space, profile.num_layers)
-    cost = CostModel(profile, state_factor=space.state_factor, b_max=space.global_batch)
-    limit = space.memory_limit
-    score = Scorer(cost)
-    gen = 0
-    best_ms = math.inf
-
-    def report(phase: str, feasible: int = 0) -> None:
-        if on_progress is not None:
-            on_progress(Progress(phase=phase, generation=gen, best_ms=best_ms, feasible=feasible,
-                                 evaluations=score.count, elapsed_s=time.perf_counter() - start))  # fmt: skip
-
-    report("baselines")
-    baselines, seeds = _baselines(cost, space)
-    algo = NSGA2(pop_size=space.population, sampling=PlanSampling(rules, seeds, _anchors(cost, space, baselines)),
-                 crossover=PlanCrossover(rules), mutation=PlanMutation(rules), repair=PlanRepair(rules),
-                 eliminate_duplicates=PlanDuplicates())  # fmt: skip
-    algo.setup(PlanProblem(score, limit), termination=("n_gen", space.generations), seed=space.seed, verbose=False)
-    found: list[Plan] = []
-    interrupted = budget_hit = False
+    """Search ``space``; Ctrl-C stops early and still returns the best found (see the module docstring)."""
+    run = _Run(space, profile, on_progress)
+    rules, score = run.rules, run.score
+    run.report("baselines", 0, 1)
+    base = baselines(space, rules, score, run.tables)
+    for b in base.values():
+        if b is not None:
+            run.best_ms = min(run.best_ms, b.iteration_ms)
+    run.report("baselines", 1, 1)
+    interrupted = False
     try:
-        while gen < space.generations:
-            if budget_hit := time.perf_counter() > deadline:
+        grid = first_pass(rules, run.tables)
+        run.report("first pass", 0, 1)
+        t, m = score.genome_times(grid)
+        run.keep(grid, t, m)
+        run.report("first pass", 1, 1)
+        if not run.over():
+            _nsga2(run, _anchors(rules, run.tables, base))
+        starts = run.fastest(POLISH.starts)
+        rng = random.Random(space.seed)
+        for i, g in enumerate(starts):
+            if run.over():
                 break
-            algo.next()
-            gen += 1
-            F, G = algo.pop.get("F"), algo.pop.get("G")
-            ok = np.all(G <= 0, axis=1)
-            best_ms = float(F[ok, 0].min()) if ok.any() else math.inf
-            report("nsga2", int(ok.sum()))
-        found = [row[0] for row in algo.pop.get("X")]
-        rng = np.random.default_rng(space.seed)
-
-        def accepted(step: Step) -> None:
-            nonlocal best_ms
-            found.append(step.plan)  # kept at once, so Ctrl-C during the polish loses nothing
-            best_ms = min(best_ms, step.iteration_ms)
-            report("polish")
-
-        for s in _climb_starts(found, score, limit):
-            iterated_climb(Step(plan=s.plan, iteration_ms=s.iteration_ms, peak_memory_bytes=s.peak_memory_bytes),
-                           score, rules, limit, rng, POLISH, deadline, accepted)  # fmt: skip
-        budget_hit = time.perf_counter() > deadline  # climbs stop at the deadline too
+            t0, m0 = run.found[g]
+            iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), score, rules, rng, POLISH, run.deadline,
+                           lambda s: run.keep([s.genome], np.array([s.iteration_ms]), np.array([s.max_memory_bytes])))  # fmt: skip
+            run.report("polish", i + 1, len(starts))
     except KeyboardInterrupt:
         interrupted = True
-        if not found and algo.pop is not None:
-            found = [row[0] for row in algo.pop.get("X")]
-    scored = score.feasible(found, limit)
-    scored += [Scored(name="umsearch", plan=b.plan, iteration_ms=b.iteration_ms, peak_memory_bytes=b.peak_memory_bytes)
-               for b in baselines.values() if b is not None]  # fmt: skip
-    pareto = _front(scored)
+    return _result(run, base, interrupted)
+
+
+def _nsga2(run: _Run, anchors: Anchors) -> None:
+    space, rules, score = run.space, run.rules, run.score
+    seeds = run.fastest(max(1, space.population // 3))
+    algo = NSGA2(pop_size=space.population, sampling=GenomeSampling(rules, seeds, anchors),
+                 crossover=GenomeCrossover(rules), mutation=GenomeMutation(rules), repair=GenomeRepair(rules),
+                 eliminate_duplicates=GenomeDuplicates())  # fmt: skip
+    algo.setup(GenomeProblem(score), termination=("n_gen", space.generations), seed=space.seed, verbose=False)
+    try:
+        while run.generations < space.generations and not run.over():
+            algo.next()
+            run.generations += 1
+            X, F = algo.pop.get("X"), algo.pop.get("F")
+            run.keep([row[0] for row in X], F[:, 0], F[:, 1])
+            run.report("nsga2", run.generations, space.generations)
+    finally:
+        if algo.pop is not None:
+            X, F = algo.pop.get("X"), algo.pop.get("F")
+            if len(F):
+                run.keep([row[0] for row in X], F[:, 0], F[:, 1])
+
+
+def _result(run: _Run, base: dict[str, Scored | None], interrupted: bool) -> SearchResult:
+    space, score = run.space, run.score
+    budget_hit = run.over()
+    items = [b for b in base.values() if b is not None]
+    for g in _front(list(run.found), key=lambda g: run.found[g]):
+        items.append(score.scored_genome(g, "umsearch", "order generator"))
+    ok = [s for s in items if np.isfinite(s.iteration_ms) and s.max_memory <= space.memory_limit]
+    pareto = _front(ok, key=lambda s: (s.iteration_ms, s.max_memory))
     if not pareto:
-        raise _no_fit(found or seeds, score, limit)
-    return SearchResult(best=pareto[0], pareto=pareto, baselines=baselines, lower_bound_ms=lower_bound(cost, space),
-                        generations=gen, evaluations=score.count, wall_s=time.perf_counter() - start,
+        raise NoFeasiblePlanError(
+            f"no plan fits memory_limit = {space.memory_limit:.0f} bytes; raise the limit, add ranks or allow recompute"
+        )
+    return SearchResult(best=pareto[0], pareto=pareto, baselines=base, lower_bound_ms=lower_bound(run.tables, run.rules),
+                        generations=run.generations, evaluations=score.count, wall_s=time.perf_counter() - run.start,
                         interrupted=interrupted, budget_hit=budget_hit)  # fmt: skip

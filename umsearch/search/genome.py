@@ -1,51 +1,67 @@
-"""The genome is the plan itself; this module holds the rules it obeys in a space, and its repair.
+"""The genome: a plan's structure plus the knobs of the order generator, and the rules it obeys.
 
-A genome is a :class:`~umsearch.core.plan.Plan` without ``predicted``: cuts, and per
-stage its forward and backward lists, warmup and recompute flag. Variation
-operators may leave a plan breaking the space's rules (a list not summing to
-``B``, too many microbatches, a warmup outside ``1..len(forward)``, crossed
-cuts); :func:`repair` maps any such plan to the nearest valid one, so every
-candidate the evaluator sees passes :func:`umsearch.core.plan.validate_plan`.
-Deadlocks are not repaired: they are scored infeasible.
+A :class:`Genome` says how many chunks each rank holds and how they are
+placed, where the model is cut, every stage's forward and backward
+microbatch lists, which stages recompute and which split their backwards into
+I and W, and the knobs :mod:`umsearch.search.orders` turns into every rank's
+action order: per stage how many samples may be in flight, per rank how many
+weight gradients may wait and whether forwards prefer the deeper chunk.
+Variation operators may leave a genome breaking the space's :class:`Rules`
+(a list not summing to ``B``, too many microbatches, crossed cuts);
+:func:`repair` maps any genome to the nearest valid one, so every candidate
+becomes a valid plan.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from umsearch.core.errors import SearchSpaceError
-from umsearch.core.plan import Plan, StagePlan
+from umsearch.core.profile import Profile
+from umsearch.core.schedules import placement
 from umsearch.search.space import SearchSpace
+
+POLICY_COUNT = 5
+"""Per-rank policies of the order generator (:data:`umsearch.search.orders.POLICIES`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Rules:
-    """What every candidate plan of one search space satisfies."""
+    """What every candidate of one search space satisfies."""
 
     num_layers: int
     """Layers L of the profile."""
-    stages: int
-    """Pipeline stages S."""
+    ranks: int
+    """Ranks R."""
     batch: int
     """Global batch B."""
     sizes: tuple[int, ...]
     """Allowed microbatch sizes, ascending; one remainder per list may fall outside."""
     max_count: int
     """Most microbatches per list."""
-    schedule: str
-    """``gpipe`` (warmup = all), ``1f1b`` (warmup = S - s) or ``any`` (warmup free)."""
+    stages_per_rank: tuple[int, ...]
+    """Chunks per rank allowed (each at most L / R)."""
+    placements: tuple[str, ...]
+    """``loop`` and/or ``vshape`` (used when a rank holds several chunks)."""
+    split: bool
+    """Whether backwards may split into I and W (the space allows it and the profile has the times)."""
     recompute: bool
-    """Whether a stage may recompute (and then split its backward differently)."""
+    """Whether a stage may recompute."""
 
     @classmethod
-    def of(cls, space: SearchSpace, num_layers: int) -> Rules:
-        """The rules of ``space`` for a profile of ``num_layers`` layers; refuses impossible spaces."""
-        if space.stages > num_layers:
+    def of(cls, space: SearchSpace, profile: Profile) -> Rules:
+        """The rules of ``space`` for ``profile``; refuses impossible spaces with the fix."""
+        L, R = profile.num_layers, space.ranks
+        if R > L:
+            raise SearchSpaceError(f"ranks = {R} but the profile has only {L} layers; use at most {L}")
+        spr = tuple(v for v in space.stages_per_rank if R * v <= L)
+        if not spr:
             raise SearchSpaceError(
-                f"stages = {space.stages} but the profile has only {num_layers} layers; use at most {num_layers}"
+                f"stages_per_rank = {list(space.stages_per_rank)} needs at least {R * min(space.stages_per_rank)} "
+                f"layers on {R} ranks but the profile has {L}; allow 1 stage per rank"
             )
         sizes = tuple(space.microbatch_sizes)
         if sizes[-1] * space.max_microbatches < space.global_batch:
@@ -53,8 +69,9 @@ class Rules:
                 f"microbatch.max_count = {space.max_microbatches} microbatches of at most {sizes[-1]} samples "
                 f"cannot hold global_batch = {space.global_batch}; raise microbatch.max_count or microbatch.max"
             )
-        return cls(num_layers=num_layers, stages=space.stages, batch=space.global_batch, sizes=sizes,
-                   max_count=space.max_microbatches, schedule=space.schedule, recompute=space.recompute)  # fmt: skip
+        split = space.split_backward and all(lay.has_split for lay in profile.layers)
+        return cls(num_layers=L, ranks=R, batch=space.global_batch, sizes=sizes, max_count=space.max_microbatches,
+                   stages_per_rank=spr, placements=space.placements, split=split, recompute=space.recompute)  # fmt: skip
 
     @property
     def largest(self) -> int:
@@ -80,13 +97,60 @@ class Rules:
             return False
         return self.allowed.issuperset(seq[:-1])
 
-    def warmup(self, stage: int, count: int, wanted: int) -> int:
-        """The warmup a stage of ``count`` forwards gets under the schedule family."""
-        if self.schedule == "gpipe":
-            return count
-        if self.schedule == "1f1b":
-            return self.stages - stage
-        return max(1, min(wanted, count))
+    @cached_property
+    def _repaired(self) -> dict[tuple[int, ...], tuple[int, ...]]:
+        return {}
+
+    def fixed(self, seq: tuple[int, ...]) -> tuple[int, ...]:
+        """:func:`repair_sequence` of ``seq``, remembered: the search repairs the same lists again and again."""
+        out = self._repaired.get(seq)
+        if out is None:
+            if len(self._repaired) > 200_000:
+                self._repaired.clear()
+            out = self._repaired[seq] = repair_sequence(seq, self)
+        return out
+
+    def placement_of(self, v: int, kind: str) -> tuple[int, ...]:
+        """The rank of each of the ``R * v`` stages."""
+        return placement("vshape" if v > 1 and kind == "vshape" else "loop", self.ranks, v)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Genome:
+    """One candidate: structure and order knobs (hashable; equal genomes are duplicates)."""
+
+    v: int
+    """Chunks (stages) per rank; the plan has ``R * v`` stages."""
+    placement: str
+    """``loop`` or ``vshape`` (irrelevant when v = 1)."""
+    cuts: tuple[int, ...]
+    """Stage boundaries ``0 = c0 < ... < cS = L``."""
+    forward: tuple[tuple[int, ...], ...]
+    """Per stage, its forward microbatch sizes."""
+    backward: tuple[tuple[int, ...], ...]
+    """Per stage, its backward microbatch sizes (the forward list unless it recomputes)."""
+    recompute: tuple[bool, ...]
+    """Per stage, whether it recomputes."""
+    split: tuple[bool, ...]
+    """Per stage, whether its backwards run as I then W."""
+    cap: tuple[int, ...]
+    """Per stage, samples it may hold forwarded but not yet back-propagated (I or B) before it waits."""
+    rank_cap: tuple[int, ...]
+    """Per rank, the same limit over all its stages together (what sets a 1F1B-like steady state)."""
+    w_cap: tuple[int, ...]
+    """Per rank, weight gradients that may wait before W goes ahead of new forwards."""
+    policy: tuple[int, ...]
+    """Per rank, how it picks among ready actions (:data:`umsearch.search.orders.POLICIES`)."""
+
+    @property
+    def stages(self) -> int:
+        return len(self.cuts) - 1
+
+
+def greedy_split(batch: int, size: int) -> tuple[int, ...]:
+    """``[size, ..., size, remainder]`` covering ``batch``."""
+    q, r = divmod(batch, size)
+    return (size,) * q + ((r,) if r else ())
 
 
 def repair_sequence(seq: Sequence[int], rules: Rules) -> tuple[int, ...]:
@@ -105,10 +169,7 @@ def repair_sequence(seq: Sequence[int], rules: Rules) -> tuple[int, ...]:
     for v in seq:
         if left == 0:
             break
-        if v == left and v <= top:
-            take = v  # the closing remainder stays as it is, so valid lists are fixed points
-        else:
-            take = min(snapped[min(max(v, 0), top)], left)
+        take = v if v == left and v <= top else min(snapped[min(max(v, 0), top)], left)
         out.append(take)
         left -= take
     while left > 0:
@@ -118,63 +179,85 @@ def repair_sequence(seq: Sequence[int], rules: Rules) -> tuple[int, ...]:
     while len(out) > rules.max_count:
         j = min(range(len(out) - 1), key=lambda i: out[i] + out[i + 1])
         merged = out[j] + out[j + 1]
-        if merged > rules.largest or (j + 1 < len(out) - 1 and merged not in rules.sizes):
+        if merged > rules.largest or (j + 1 < len(out) - 1 and merged not in rules.allowed):
             return greedy_split(rules.batch, rules.largest)
         out[j : j + 2] = [merged]
     return tuple(out)
 
 
-def greedy_split(batch: int, size: int) -> tuple[int, ...]:
-    """``[size, ..., size, remainder]`` covering ``batch``."""
-    q, r = divmod(batch, size)
-    return (size,) * q + ((r,) if r else ())
-
-
-def repair_cuts(cuts: Sequence[int], rules: Rules) -> tuple[int, ...]:
-    """Inner cuts made strictly increasing inside ``1..L-1``, as close to ``cuts`` as possible."""
-    L, S = rules.num_layers, rules.stages
-    inner = sorted(int(c) for c in cuts[1:-1])
+def repair_cuts(cuts: Sequence[int], stages: int, num_layers: int) -> tuple[int, ...]:
+    """``stages + 1`` boundaries, strictly increasing from 0 to L, as close to ``cuts``' inner ones as possible."""
+    L = num_layers
+    inner = sorted(int(c) for c in cuts[1:-1])[: stages - 1]
+    while len(inner) < stages - 1:  # too few: split the widest stages
+        bounds = [0, *inner, L]
+        j = max(range(len(bounds) - 1), key=lambda i: bounds[i + 1] - bounds[i])
+        inner = sorted([*inner, (bounds[j] + bounds[j + 1]) // 2])
     for i in range(len(inner)):  # lift crossed or too-low cuts
         inner[i] = max(inner[i], i + 1, inner[i - 1] + 1 if i else 1)
     for i in range(len(inner) - 1, -1, -1):  # then push down the ones that ran past the end
-        inner[i] = min(inner[i], L - (S - 1 - i), inner[i + 1] - 1 if i + 1 < len(inner) else L - 1)
+        inner[i] = min(inner[i], L - (stages - 1 - i), inner[i + 1] - 1 if i + 1 < len(inner) else L - 1)
     return (0, *inner, L)
 
 
-def make_plan(
-    rules: Rules,
-    cuts: Sequence[int],
-    forward: Sequence[Sequence[int]],
-    backward: Sequence[Sequence[int] | None],
-    warmup: Sequence[int],
-    recompute: Sequence[bool],
-) -> Plan:
-    """A valid plan from raw genes: every piece repaired under ``rules``.
+def _fit(values: Sequence[int], n: int, fill: int) -> tuple[int, ...]:
+    """``values`` cut or padded (with ``fill``) to length ``n``."""
+    out = tuple(values[:n])
+    return out + (fill,) * (n - len(out))
 
-    ``backward[s]`` is used only when the stage recomputes (None: same as forward).
+
+def repair(g: Genome, rules: Rules, fresh: Collection[int] | None = None) -> Genome:
+    """``g`` made valid under ``rules`` (the same object when it already is).
+
+    ``fresh``: when given, only the lists of these stages may break the rules
+    (the others come unchanged from a valid genome of the same structure), so
+    only they are checked: the search repairs every neighbour it makes.
     """
-    c = repair_cuts(cuts, rules)
-    stages = []
-    for s in range(rules.stages):
-        fwd = repair_sequence(forward[s], rules)
-        rec = bool(recompute[s]) and rules.recompute
-        raw_b = backward[s]
-        bwd = repair_sequence(raw_b, rules) if rec and raw_b is not None else fwd
-        stages.append(StagePlan(layers=(c[s], c[s + 1]), forward=fwd, backward=bwd,
-                                warmup=rules.warmup(s, len(fwd), warmup[s]), recompute=rec))  # fmt: skip
-    return Plan(global_batch=rules.batch, stages=tuple(stages))
+    if fresh is not None and _knobs_ok(g, rules):
+        f_lists, b_lists = list(g.forward), list(g.backward)
+        for j in fresh:
+            f_lists[j] = rules.fixed(f_lists[j])
+            b_lists[j] = rules.fixed(b_lists[j]) if g.recompute[j] else f_lists[j]
+        if f_lists == list(g.forward) and b_lists == list(g.backward):
+            return g
+        return replace(g, forward=tuple(f_lists), backward=tuple(b_lists))
+    v = g.v if g.v in rules.stages_per_rank else min(rules.stages_per_rank, key=lambda x: (abs(x - g.v), x))
+    kind = g.placement if g.placement in rules.placements else rules.placements[0]
+    S = rules.ranks * v
+    if fresh is not None and (v != g.v or len(g.forward) != S or len(g.backward) != S):
+        fresh = None
+    cuts = repair_cuts(g.cuts, S, rules.num_layers) if len(g.cuts) != S + 1 or not _strict(g.cuts, rules) else g.cuts
+    rec = tuple(rules.recompute and j < len(g.recompute) and g.recompute[j] for j in range(S))
+    if fresh is None:
+        fwd = tuple(rules.fixed(tuple(g.forward[min(j, len(g.forward) - 1)]) if g.forward else ()) for j in range(S))
+        bwd = tuple(rules.fixed(tuple(g.backward[j])) if rec[j] and j < len(g.backward) else fwd[j] for j in range(S))
+    else:
+        fwd = tuple(rules.fixed(f) if j in fresh else f for j, f in enumerate(g.forward))
+        bwd = tuple((rules.fixed(b) if j in fresh else b) if rec[j] else fwd[j] for j, b in enumerate(g.backward))
+    split = tuple(rules.split and j < len(g.split) and g.split[j] for j in range(S))
+    cap = tuple(max(1, min(c, rules.batch)) for c in _fit(g.cap, S, rules.batch))
+    rank_cap = tuple(max(1, min(c, rules.batch * v)) for c in _fit(g.rank_cap, rules.ranks, rules.batch * v))
+    w_cap = tuple(max(1, c) for c in _fit(g.w_cap, rules.ranks, 1))
+    policy = tuple(int(d) % POLICY_COUNT for d in _fit(g.policy, rules.ranks, 0))
+    fixed = Genome(v=v, placement=kind, cuts=cuts, forward=fwd, backward=bwd, recompute=rec, split=split,
+                   cap=cap, rank_cap=rank_cap, w_cap=w_cap, policy=policy)  # fmt: skip
+    return g if fixed == g else fixed
 
 
-def repair(plan: Plan, rules: Rules) -> Plan:
-    """``plan`` made valid under ``rules`` (unchanged when it already is)."""
-    st = plan.stages
-    return make_plan(rules, [x.lo for x in st] + [st[-1].hi], [x.forward for x in st],
-                     [x.backward for x in st], [x.warmup for x in st], [x.recompute for x in st])  # fmt: skip
+def _knobs_ok(g: Genome, rules: Rules) -> bool:
+    """Everything but the lists obeys ``rules`` (checked with C-speed builtins: the common case)."""
+    R, S, B = rules.ranks, rules.ranks * g.v, rules.batch
+    return (g.v in rules.stages_per_rank and g.placement in rules.placements and len(g.cuts) == S + 1
+            and len(g.forward) == S and len(g.backward) == S and len(g.recompute) == S and len(g.split) == S
+            and len(g.cap) == S and len(g.rank_cap) == R and len(g.w_cap) == R and len(g.policy) == R
+            and _strict(g.cuts, rules) and (rules.recompute or not any(g.recompute))
+            and (rules.split or not any(g.split)) and min(g.cap) >= 1 and max(g.cap) <= B
+            and min(g.rank_cap) >= 1 and max(g.rank_cap) <= B * g.v and min(g.w_cap) >= 1
+            and min(g.policy) >= 0 and max(g.policy) < POLICY_COUNT)  # fmt: skip
 
 
-def cuts_of(plan: Plan) -> list[int]:
-    """Stage boundaries ``[0, c1, ..., L]``."""
-    return [st.lo for st in plan.stages] + [plan.stages[-1].hi]
+def _strict(cuts: Sequence[int], rules: Rules) -> bool:
+    return cuts[0] == 0 and cuts[-1] == rules.num_layers and all(a < b for a, b in zip(cuts, cuts[1:], strict=False))
 
 
 def shaped_sequence(rules: Rules, body: int, head: int, up: int, tail: int, down: int) -> tuple[int, ...]:
@@ -185,9 +268,38 @@ def shaped_sequence(rules: Rules, body: int, head: int, up: int, tail: int, down
     drain, and the body runs at the stage's efficient size.
     """
     ramp_up = [head + (body - head) * i // (up + 1) for i in range(up + 1)][:up] if up else []
-    ramp_down = [body - (body - tail) * (i + 1) // (down + 1) for i in range(down)] if down else []
-    ramp_down = [max(1, v) for v in ramp_down]
+    ramp_down = [max(1, body - (body - tail) * (i + 1) // (down + 1)) for i in range(down)] if down else []
     middle = rules.batch - sum(ramp_up) - sum(ramp_down)
     body_part = list(greedy_split(middle, max(1, body))) if middle > 0 else []
     # An overshooting ramp is cut at B by the repair, which drops the fall.
     return repair_sequence([max(1, v) for v in ramp_up] + body_part + ramp_down, rules)
+
+
+def default_rank_caps(rules: Rules, v: int, forward: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """1F1B-like rank caps: as many microbatches in flight as torch's schedules warm up with on the
+    rank (``R - r`` for one chunk per rank; ``(v-1) R + 2 (R-1-r) + 1`` for v interleaved chunks)."""
+    R = rules.ranks
+    size = max((max(f) for f in forward if f), default=1)
+    count = [R - r if v == 1 else (v - 1) * R + 2 * (R - 1 - r) + 1 for r in range(R)]
+    return tuple(min(rules.batch * v, c * size) for c in count)
+
+
+def genome_of(rules: Rules, v: int, kind: str, cuts: Sequence[int], forward: Sequence[Sequence[int]], *,
+              split: bool = False, recompute: Sequence[bool] | None = None,
+              backward: Sequence[Sequence[int]] | None = None) -> Genome:  # fmt: skip
+    """A repaired genome with default knobs: no stage cap, :func:`default_rank_caps`, one waiting W
+    per rank, policy 0."""
+    S = rules.ranks * v
+    fwd = tuple(tuple(f) for f in forward)
+    g = Genome(v=v, placement=kind, cuts=tuple(cuts), forward=fwd, backward=tuple(tuple(b) for b in (backward or fwd)),
+               recompute=tuple(recompute or (False,) * S), split=(split,) * S, cap=(rules.batch,) * S,
+               rank_cap=default_rank_caps(rules, v, fwd), w_cap=(1,) * rules.ranks,
+               policy=(0,) * rules.ranks)  # fmt: skip
+    return repair(g, rules)
+
+
+def with_lists(g: Genome, forward: Sequence[Sequence[int]], rules: Rules) -> Genome:
+    """``g`` with new forward lists (backward follows where a stage does not recompute), repaired."""
+    fwd = tuple(tuple(f) for f in forward)
+    bwd = tuple(b if r else f for f, b, r in zip(fwd, g.backward, g.recompute, strict=False))
+    return repair(replace(g, forward=fwd, backward=bwd), rules)

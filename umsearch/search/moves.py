@@ -1,107 +1,121 @@
-"""Neighbourhood moves: small random edits of a plan, shared by mutation and local search.
+"""Neighbourhood moves: small random edits of a genome, shared by mutation and local search.
 
-Each move edits a :class:`Genes` in place and may leave it breaking the space's
-rules; :meth:`Genes.to_plan` repairs. Moves on a microbatch list either touch
-one stage or, with :data:`SHARED_PROB`, every stage that had the same list:
-good plans tend to share one sequence across stages, and editing them together
-keeps neighbouring stages from waiting on each other's partitions.
+Each move edits a :class:`Genes` in place and may leave it breaking the
+space's rules; :meth:`Genes.to_genome` repairs. Moves on a microbatch list
+either touch one stage or, with :data:`SHARED_PROB`, every stage that had the
+same list: good plans tend to share one sequence across stages, and editing
+them together keeps neighbouring stages from waiting on each other's
+partitions (splitting or merging a microbatch on every stage that shares a
+boundary).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from umsearch.core.plan import Plan
-from umsearch.search.genome import Rules, cuts_of, make_plan, shaped_sequence
+from umsearch.search.genome import (
+    POLICY_COUNT,
+    Genome,
+    Rules,
+    default_rank_caps,
+    repair,
+    shaped_sequence,
+)
 
 SHARED_PROB = 0.5
 """Chance that a list move applies to every stage sharing the edited list."""
 
+Rng = random.Random
+"""Moves draw from Python's generator: the search draws millions of small numbers, and numpy's
+generator costs microseconds per call."""
+
 
 @dataclass(kw_only=True)
 class Genes:
-    """A plan taken apart for editing; lists are per stage."""
+    """A genome taken apart for editing: lists of its fields, the microbatch lists kept as tuples.
 
+    Moves replace whole lists and record the stages they touched in
+    ``fresh``, so that :meth:`to_genome` re-checks only those; a move that
+    changes the structure sets ``fresh`` to None (check everything).
+    """
+
+    v: int
+    placement: str
     cuts: list[int]
-    forward: list[list[int]]
-    backward: list[list[int]]
-    warmup: list[int]
+    forward: list[tuple[int, ...]]
+    backward: list[tuple[int, ...]]
     recompute: list[bool]
+    split: list[bool]
+    cap: list[int]
+    rank_cap: list[int]
+    w_cap: list[int]
+    policy: list[int]
+    fresh: set[int] | None
 
     @classmethod
-    def of(cls, plan: Plan) -> Genes:
-        st = plan.stages
-        return cls(cuts=cuts_of(plan), forward=[list(x.forward) for x in st], backward=[list(x.backward) for x in st],
-                   warmup=[x.warmup for x in st], recompute=[x.recompute for x in st])  # fmt: skip
-
-    @classmethod
-    def of_cuts(cls, cuts: list[int], rules: Rules) -> Genes:
-        """Genes with these cuts and empty lists (the repair fills them); warmups 1F1B-like."""
-        S = rules.stages
-        return cls(cuts=list(cuts), forward=[[] for _ in range(S)], backward=[[] for _ in range(S)],
-                   warmup=[S - s for s in range(S)], recompute=[False] * S)  # fmt: skip
+    def of(cls, g: Genome) -> Genes:
+        return cls(v=g.v, placement=g.placement, cuts=list(g.cuts), forward=list(g.forward), backward=list(g.backward),
+                   recompute=list(g.recompute), split=list(g.split), cap=list(g.cap), rank_cap=list(g.rank_cap),
+                   w_cap=list(g.w_cap), policy=list(g.policy), fresh=set())  # fmt: skip
 
     def copy(self) -> Genes:
-        return Genes(cuts=list(self.cuts), forward=[list(x) for x in self.forward],
-                     backward=[list(x) for x in self.backward], warmup=list(self.warmup),
-                     recompute=list(self.recompute))  # fmt: skip
+        return Genes(v=self.v, placement=self.placement, cuts=list(self.cuts), forward=list(self.forward),
+                     backward=list(self.backward), recompute=list(self.recompute), split=list(self.split),
+                     cap=list(self.cap), rank_cap=list(self.rank_cap), w_cap=list(self.w_cap),
+                     policy=list(self.policy), fresh=None if self.fresh is None else set(self.fresh))  # fmt: skip
 
-    def take_stage(self, other: Genes, s: int) -> None:
-        """Stage ``s``'s lists, warmup and recompute flag copied from ``other`` (not its cuts)."""
-        self.forward[s], self.backward[s] = list(other.forward[s]), list(other.backward[s])
-        self.warmup[s], self.recompute[s] = other.warmup[s], other.recompute[s]
+    def set_list(self, which: list[tuple[int, ...]], j: int, values: Sequence[int]) -> None:
+        """Stage ``j``'s forward or backward list (``which``) becomes ``values``; a stage that does not
+        recompute keeps its backward equal to its forward."""
+        which[j] = tuple(values)
+        if which is self.forward and not self.recompute[j]:
+            self.backward[j] = which[j]
+        if self.fresh is not None:
+            self.fresh.add(j)
 
-    def to_plan(self, rules: Rules) -> Plan:
-        return make_plan(rules, self.cuts, self.forward, self.backward, self.warmup, self.recompute)
+    def to_genome(self, rules: Rules) -> Genome:
+        g = Genome(v=self.v, placement=self.placement, cuts=tuple(self.cuts), forward=tuple(self.forward),
+                   backward=tuple(self.backward), recompute=tuple(self.recompute), split=tuple(self.split),
+                   cap=tuple(self.cap), rank_cap=tuple(self.rank_cap), w_cap=tuple(self.w_cap),
+                   policy=tuple(self.policy))  # fmt: skip
+        return repair(g, rules, self.fresh)
 
 
-def _pick_list(g: Genes, rng: np.random.Generator) -> tuple[int, list[list[int]]]:
-    """A stage and which of its lists to edit (backward only where it recomputes)."""
-    s = int(rng.integers(len(g.forward)))
-    lists = g.backward if g.recompute[s] and rng.random() < 0.5 else g.forward
-    return s, lists
-
-
-def _split(seq: list[int], rules: Rules, rng: np.random.Generator) -> list[int]:
+def _split(seq: list[int], rules: Rules, rng: Rng) -> list[int]:
     big = [j for j, v in enumerate(seq) if v > 1]
     if not big:
         return seq
-    j = big[int(rng.integers(len(big)))]
-    a = seq[j] // 2 if rng.random() < 0.5 else int(rng.integers(1, seq[j]))
+    j = big[rng.randrange(len(big))]
+    a = seq[j] // 2 if rng.random() < 0.5 else rng.randrange(1, seq[j])
     return seq[:j] + [a, seq[j] - a] + seq[j + 1 :]
 
 
-def _merge(seq: list[int], rules: Rules, rng: np.random.Generator) -> list[int]:
+def _merge(seq: list[int], rules: Rules, rng: Rng) -> list[int]:
     if len(seq) < 2:
         return seq
-    j = int(rng.integers(len(seq) - 1))
+    j = rng.randrange(len(seq) - 1)
     return seq[:j] + [seq[j] + seq[j + 1]] + seq[j + 2 :]
 
 
-def _shift(seq: list[int], rules: Rules, rng: np.random.Generator) -> list[int]:
+def _shift(seq: list[int], rules: Rules, rng: Rng) -> list[int]:
     """Move a few samples across one boundary between neighbouring microbatches."""
     if len(seq) < 2:
         return seq
-    j = int(rng.integers(len(seq) - 1))
-    d = int(rng.integers(1, max(2, min(seq[j], seq[j + 1]) // 2 + 1)))
-    if rng.random() < 0.5:
-        d = -d
+    j = rng.randrange(len(seq) - 1)
+    d = rng.randrange(1, max(2, min(seq[j], seq[j + 1]) // 2 + 1))
+    d = -d if rng.random() < 0.5 else d
     a, b = seq[j] + d, seq[j + 1] - d
-    if a < 1 or b < 1:
-        return seq
-    return seq[:j] + [a, b] + seq[j + 2 :]
+    return seq if a < 1 or b < 1 else seq[:j] + [a, b] + seq[j + 2 :]
 
 
-def _edge(seq: list[int], rules: Rules, rng: np.random.Generator) -> list[int]:
+def _edge(seq: list[int], rules: Rules, rng: Rng) -> list[int]:
     """Rescale the first or last microbatch (pipeline fill and drain), its neighbour absorbing the change."""
     if len(seq) < 2:
         return seq
-    first = rng.random() < 0.5
-    j, k = (0, 1) if first else (len(seq) - 1, len(seq) - 2)
-    new = max(1, int(round(seq[j] * float(rng.choice([0.5, 0.75, 1.25, 1.5])))))
+    j, k = (0, 1) if rng.random() < 0.5 else (len(seq) - 1, len(seq) - 2)
+    new = max(1, int(round(seq[j] * rng.choice([0.5, 0.75, 1.25, 1.5]))))
     rest = seq[k] - (new - seq[j])
     if rest < 1:
         return seq
@@ -110,93 +124,133 @@ def _edge(seq: list[int], rules: Rules, rng: np.random.Generator) -> list[int]:
     return out
 
 
-def _rescale(seq: list[int], rules: Rules, rng: np.random.Generator) -> list[int]:
+def _rescale(seq: list[int], rules: Rules, rng: Rng) -> list[int]:
     """Every microbatch scaled by one factor: fewer, larger ones or more, smaller ones."""
-    f = float(rng.choice([0.67, 0.8, 1.25, 1.5]))
+    f = rng.choice([0.5, 0.67, 0.8, 1.25, 1.5, 2.0])
     return [max(1, int(round(v * f))) for v in seq]
 
 
-def random_shape(rules: Rules, rng: np.random.Generator) -> tuple[int, ...]:
+def random_shape(rules: Rules, rng: Rng) -> tuple[int, ...]:
     """A random ramp-shaped list (see :func:`umsearch.search.genome.shaped_sequence`)."""
-    body = int(rules.sizes[int(rng.integers(len(rules.sizes)))])
-    head = int(rng.integers(1, body + 1))
-    tail = int(rng.integers(1, body + 1))
-    return shaped_sequence(rules, body, head, int(rng.integers(0, 4)), tail, int(rng.integers(0, 4)))
+    body = int(rules.sizes[rng.randrange(len(rules.sizes))])
+    head, tail = rng.randrange(1, body + 1), rng.randrange(1, body + 1)
+    return shaped_sequence(rules, body, head, rng.randrange(0, 4), tail, rng.randrange(0, 4))
 
 
-def _reshape(seq: list[int], rules: Rules, rng: np.random.Generator) -> list[int]:
+def _reshape(seq: list[int], rules: Rules, rng: Rng) -> list[int]:
     return list(random_shape(rules, rng))
 
 
-ListMove = Callable[[list[int], Rules, np.random.Generator], list[int]]
+ListMove = Callable[[list[int], Rules, Rng], list[int]]
 LIST_MOVES: tuple[ListMove, ...] = (_split, _merge, _shift, _shift, _edge, _edge, _rescale, _reshape)
 
 
-def list_move(g: Genes, rules: Rules, rng: np.random.Generator) -> None:
+def list_move(g: Genes, rules: Rules, rng: Rng) -> None:
     """One edit of one microbatch list, on one stage or on every stage sharing it."""
-    s, lists = _pick_list(g, rng)
+    s = rng.randrange(len(g.forward))
+    lists = g.backward if g.recompute[s] and rng.random() < 0.5 else g.forward
     old = lists[s]
-    new = LIST_MOVES[int(rng.integers(len(LIST_MOVES)))](old, rules, rng)
+    new = LIST_MOVES[rng.randrange(len(LIST_MOVES))](list(old), rules, rng)
     targets = [t for t in range(len(lists)) if lists[t] == old] if rng.random() < SHARED_PROB else [s]
     for t in targets:
-        lists[t] = list(new)
+        g.set_list(lists, t, new)
 
 
-def copy_list(g: Genes, rules: Rules, rng: np.random.Generator) -> None:
-    """A stage's forward list copied to a neighbour, or to every stage."""
-    s = int(rng.integers(len(g.forward)))
-    if rng.random() < 0.5:
-        targets = list(range(len(g.forward)))
-    else:
-        targets = [t for t in (s - 1, s + 1) if 0 <= t < len(g.forward)]
+def copy_list(g: Genes, rules: Rules, rng: Rng) -> None:
+    """A stage's forward list copied to its neighbours, or to every stage."""
+    s = rng.randrange(len(g.forward))
+    S = len(g.forward)
+    targets = list(range(S)) if rng.random() < 0.5 else [t for t in (s - 1, s + 1) if 0 <= t < S]
     for t in targets:
-        g.forward[t] = list(g.forward[s])
+        g.set_list(g.forward, t, g.forward[s])
 
 
-def cut_move(g: Genes, rules: Rules, rng: np.random.Generator) -> None:
+def cut_move(g: Genes, rules: Rules, rng: Rng) -> None:
     """One stage boundary moved by one or a few layers."""
     if len(g.cuts) < 3:
         return
-    i = int(rng.integers(1, len(g.cuts) - 1))
-    step = 1 if rng.random() < 0.7 else int(rng.integers(2, 4))
+    i = rng.randrange(1, len(g.cuts) - 1)
+    step = 1 if rng.random() < 0.7 else rng.randrange(2, 4)
     g.cuts[i] += step if rng.random() < 0.5 else -step
 
 
-def warmup_move(g: Genes, rules: Rules, rng: np.random.Generator) -> None:
-    """One stage runs one forward more or fewer ahead of its first backward."""
-    s = int(rng.integers(len(g.warmup)))
-    if rng.random() < 0.8:
-        g.warmup[s] += 1 if rng.random() < 0.5 else -1
+def cap_move(g: Genes, rules: Rules, rng: Rng) -> None:
+    """One stage or rank (or all of them) may run further ahead, or less far."""
+    caps = g.rank_cap if rng.random() < 0.6 else g.cap
+    f = rng.choice([0.5, 0.75, 0.9, 1.1, 1.33, 2.0])
+    which = range(len(caps)) if rng.random() < 0.3 else [rng.randrange(len(caps))]
+    for j in which:
+        caps[j] = max(1, int(round(caps[j] * f)) + (1 if f > 1 else -1 if caps[j] > 1 else 0))
+
+
+def rank_knob_move(g: Genes, rules: Rules, rng: Rng) -> None:
+    """One rank's weight-gradient cap changes, or it picks its actions by another policy."""
+    r = rng.randrange(len(g.w_cap))
+    if rng.random() < 0.5:
+        g.policy[r] = (g.policy[r] + rng.randrange(1, POLICY_COUNT)) % POLICY_COUNT
     else:
-        g.warmup[s] = int(rng.integers(1, len(g.forward[s]) + 1))
+        g.w_cap[r] = max(1, g.w_cap[r] + rng.choice([-2, -1, 1, 2, 4]))
 
 
-def recompute_move(g: Genes, rules: Rules, rng: np.random.Generator) -> None:
+def split_move(g: Genes, rules: Rules, rng: Rng) -> None:
+    """Split backwards on or off: one stage, or all stages at once."""
+    if rng.random() < 0.5:
+        value = not all(g.split)
+        g.split = [value] * len(g.split)
+    else:
+        j = rng.randrange(len(g.split))
+        g.split[j] = not g.split[j]
+
+
+def recompute_move(g: Genes, rules: Rules, rng: Rng) -> None:
     """Toggle recompute on one stage; a stage turning it on starts with backward = forward."""
-    s = int(rng.integers(len(g.recompute)))
+    s = rng.randrange(len(g.recompute))
     g.recompute[s] = not g.recompute[s]
-    g.backward[s] = list(g.forward[s])
+    g.backward[s] = g.forward[s]
 
 
-PlanMove = Callable[[Genes, Rules, np.random.Generator], None]
+def structure_move(g: Genes, rules: Rules, rng: Rng) -> None:
+    """Another number of chunks per rank, or the other placement: new balanced-ish cuts, lists and
+    knobs carried over stage by stage in proportion."""
+    options = [(v, p) for v in rules.stages_per_rank for p in (rules.placements if v > 1 else ("loop",))
+               if (v, p) != (g.v, g.placement if g.v > 1 else "loop")]  # fmt: skip
+    if not options:
+        return
+    v, p = options[rng.randrange(len(options))]
+    S_old, S = len(g.forward), rules.ranks * v
+    pick = [min(S_old - 1, j * S_old // S) for j in range(S)]
+    L = rules.num_layers
+    g.cuts = [round(j * L / S) for j in range(S + 1)]
+    g.forward = [g.forward[i] for i in pick]
+    g.backward = [g.backward[i] for i in pick]
+    g.fresh = None
+    g.recompute = [g.recompute[i] for i in pick]
+    g.split = [g.split[i] for i in pick]
+    g.v, g.placement = v, p
+    g.cap = [rules.batch] * S
+    g.rank_cap = list(default_rank_caps(rules, v, g.forward))
 
 
-def plan_moves(rules: Rules) -> tuple[PlanMove, ...]:
+PlanMove = Callable[[Genes, Rules, Rng], None]
+
+
+def moves_for(rules: Rules) -> tuple[PlanMove, ...]:
     """The moves that can change something under ``rules``, weighted by repetition."""
-    moves: list[PlanMove] = [list_move, list_move, list_move, list_move, copy_list]
-    if rules.stages > 1:
-        moves += [cut_move, cut_move]
-    if rules.schedule == "any":
-        moves += [warmup_move, warmup_move]
+    moves: list[PlanMove] = [list_move, list_move, list_move, list_move, copy_list, cut_move, cut_move,
+                             cap_move, cap_move, rank_knob_move]  # fmt: skip
+    if rules.split:
+        moves.append(split_move)
     if rules.recompute:
         moves.append(recompute_move)
+    if len(rules.stages_per_rank) > 1 or len(rules.placements) > 1:
+        moves.append(structure_move)
     return tuple(moves)
 
 
-def neighbour(plan: Plan, rules: Rules, rng: np.random.Generator, moves: int = 1) -> Plan:
-    """``plan`` after ``moves`` random moves, repaired."""
-    table = plan_moves(rules)
-    g = Genes.of(plan)
+def neighbour(g: Genome, rules: Rules, rng: Rng, moves: int = 1) -> Genome:
+    """``g`` after ``moves`` random moves, repaired."""
+    table = moves_for(rules)
+    genes = Genes.of(g)
     for _ in range(moves):
-        table[int(rng.integers(len(table)))](g, rules, rng)
-    return g.to_plan(rules)
+        table[rng.randrange(len(table))](genes, rules, rng)
+    return genes.to_genome(rules)

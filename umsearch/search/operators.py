@@ -1,13 +1,14 @@
-"""NSGA-II's operators on plan genomes: sampling, crossover, mutation, repair, duplicate elimination.
+"""NSGA-II's operators on genomes: sampling, crossover, mutation, repair, duplicate elimination.
 
 Each overrides pymoo's ``_do`` and works on object arrays whose one column
-holds a :class:`~umsearch.core.plan.Plan`. All randomness comes from the
+holds a :class:`~umsearch.search.genome.Genome`. All randomness comes from the
 ``random_state`` pymoo passes in, so a seed fixes the whole search.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,53 +19,74 @@ from pymoo.core.problem import Problem
 from pymoo.core.repair import Repair
 from pymoo.core.sampling import Sampling
 
-from umsearch.core.plan import Plan
 from umsearch.core.samples import cumulative
-from umsearch.search.genome import Rules, repair
+from umsearch.search.genome import POLICY_COUNT, Genome, Rules, default_rank_caps, genome_of, repair
 from umsearch.search.moves import Genes, cut_move, neighbour, random_shape
 
-
-def _rng(kwargs: dict[str, Any]) -> np.random.Generator:
-    rng = kwargs.get("random_state")
-    if rng is None:  # pymoo always passes one; this keeps direct calls deterministic too
-        rng = np.random.default_rng(0)
-    return rng
+Anchors = Mapping[int, Sequence[tuple[int, ...]]]
+"""Per chunks-per-rank count, good cut vectors to sample around."""
 
 
-def _column(plans: Sequence[Plan]) -> np.ndarray:
-    X = np.empty((len(plans), 1), dtype=object)
-    for i, p in enumerate(plans):
-        X[i, 0] = p
+def _rng(kwargs: dict[str, Any]) -> random.Random:
+    """A fast Python generator seeded from the numpy one pymoo passes (so the seed still fixes all)."""
+    state = kwargs.get("random_state")
+    if state is None:  # pymoo always passes one; this keeps direct calls deterministic too
+        state = np.random.default_rng(0)
+    return random.Random(int(state.integers(2**63)))
+
+
+def _geometric(rng: random.Random, p: float) -> int:
+    """Trials up to the first success (1, 2, ...), success chance ``p``."""
+    n = 1
+    while rng.random() >= p:
+        n += 1
+    return n
+
+
+def _column(genomes: Sequence[Genome]) -> np.ndarray:
+    X = np.empty((len(genomes), 1), dtype=object)
+    for i, g in enumerate(genomes):
+        X[i, 0] = g
     return X
 
 
-def random_plan(rules: Rules, anchors: Sequence[Sequence[int]], rng: np.random.Generator) -> Plan:
-    """A random plan near one of the ``anchors`` (good cut vectors), usually one ramp on every stage."""
-    g = Genes.of_cuts(list(anchors[int(rng.integers(len(anchors)))]), rules)
-    for _ in range(int(rng.integers(0, 3))):
-        cut_move(g, rules, rng)
-    shared = random_shape(rules, rng)
-    for s in range(rules.stages):
-        g.forward[s] = list(shared if rng.random() < 0.7 else random_shape(rules, rng))
-        g.backward[s] = list(g.forward[s])
-        g.warmup[s] = rules.stages - s + int(rng.integers(0, 3))
-        g.recompute[s] = rules.recompute and rng.random() < 0.1
-    return g.to_plan(rules)
+def random_genome(rules: Rules, anchors: Anchors, rng: random.Random) -> Genome:
+    """A random genome near good cuts: a random structure, usually one ramp-shaped list on every
+    stage, random split and knobs around the 1F1B-like defaults."""
+    v = int(rules.stages_per_rank[rng.randrange(len(rules.stages_per_rank))])
+    kind = rules.placements[rng.randrange(len(rules.placements))]
+    cuts_options = anchors[v]
+    genes = Genes.of(genome_of(rules, v, kind, cuts_options[rng.randrange(len(cuts_options))],
+                               [random_shape(rules, rng)] * (rules.ranks * v)))  # fmt: skip
+    for _ in range(rng.randrange(0, 3)):
+        cut_move(genes, rules, rng)
+    shared = genes.forward[0]
+    genes.fresh = None
+    for j in range(len(genes.forward)):
+        genes.recompute[j] = rules.recompute and rng.random() < 0.05
+        genes.set_list(genes.forward, j, shared if rng.random() < 0.7 else random_shape(rules, rng))
+        genes.backward[j] = genes.forward[j]
+    genes.split = [rules.split and rng.random() < 0.5] * len(genes.split)
+    genes.rank_cap = [max(1, int(c * rng.choice([0.5, 0.75, 1.0, 1.0, 1.5, 2.0])))
+                      for c in default_rank_caps(rules, v, genes.forward)]  # fmt: skip
+    genes.w_cap = [rng.randrange(1, 4) for _ in genes.w_cap]
+    genes.policy = [rng.randrange(POLICY_COUNT)] * len(genes.policy)
+    return genes.to_genome(rules)
 
 
-class PlanSampling(Sampling):
-    """The seed plans (baselines) first, then random ramp-shaped plans around good cuts."""
+class GenomeSampling(Sampling):
+    """The seed genomes first (the first pass's best), then random genomes around good cuts."""
 
-    def __init__(self, rules: Rules, seeds: Sequence[Plan], anchors: Sequence[Sequence[int]]) -> None:
+    def __init__(self, rules: Rules, seeds: Sequence[Genome], anchors: Anchors) -> None:
         super().__init__()
-        self.rules, self.seeds, self.anchors = rules, [repair(p, rules) for p in seeds], anchors
+        self.rules, self.seeds, self.anchors = rules, [repair(g, rules) for g in seeds], anchors
 
     def _do(self, problem: Problem, n_samples: int, *args: Any, **kwargs: Any) -> np.ndarray:
         rng = _rng(kwargs)
-        plans = self.seeds[:n_samples]
-        while len(plans) < n_samples:
-            plans.append(random_plan(self.rules, self.anchors, rng))
-        return _column(plans)
+        out = list(dict.fromkeys(self.seeds))[:n_samples]
+        while len(out) < n_samples:
+            out.append(random_genome(self.rules, self.anchors, rng))
+        return _column(out)
 
 
 def splice(a: Sequence[int], b: Sequence[int], x: int) -> list[int]:
@@ -79,12 +101,12 @@ def splice(a: Sequence[int], b: Sequence[int], x: int) -> list[int]:
     return head + ([rest] if rest else []) + tail
 
 
-class PlanCrossover(Crossover):
+class GenomeCrossover(Crossover):
     """Two parents, two children: stage-wise uniform, or a splice of every list at one sample.
 
-    The stage-wise form mixes whole stages (and each cut) of the parents; the
-    splice form keeps one parent's cuts and warmups and joins the head of one
-    parent's microbatch lists to the tail of the other's.
+    Parents of different structure (chunks per rank, placement) exchange only
+    their rank knobs; parents of the same structure also mix whole stages and
+    cuts, or join the head of one parent's lists to the tail of the other's.
     """
 
     def __init__(self, rules: Rules, prob: float = 0.9) -> None:
@@ -97,31 +119,48 @@ class PlanCrossover(Crossover):
         Y = np.empty_like(X)
         for k in range(n_matings):
             a, b = Genes.of(X[0, k, 0]), Genes.of(X[1, k, 0])
-            c, d = self._uniform(a, b, rng) if rng.random() < 0.5 else self._splice(a, b, rng)
-            Y[0, k, 0], Y[1, k, 0] = c.to_plan(self.rules), d.to_plan(self.rules)
+            if (a.v, a.placement) != (b.v, b.placement):
+                c, d = self._knobs(a, b, rng)
+            elif rng.random() < 0.5:
+                c, d = self._uniform(a, b, rng)
+            else:
+                c, d = self._splice(a, b, rng)
+            Y[0, k, 0], Y[1, k, 0] = c.to_genome(self.rules), d.to_genome(self.rules)
         return Y
 
-    def _uniform(self, a: Genes, b: Genes, rng: np.random.Generator) -> tuple[Genes, Genes]:
+    @staticmethod
+    def _knobs(a: Genes, b: Genes, rng: random.Random) -> tuple[Genes, Genes]:
         c, d = a.copy(), b.copy()
-        for s in range(self.rules.stages):
+        for r in range(len(a.w_cap)):
             if rng.random() < 0.5:
-                c.take_stage(b, s)
-                d.take_stage(a, s)
+                c.w_cap[r], d.w_cap[r] = b.w_cap[r], a.w_cap[r]
+                c.rank_cap[r], d.rank_cap[r] = b.rank_cap[r], a.rank_cap[r]
+                c.policy[r], d.policy[r] = b.policy[r], a.policy[r]
+        return c, d
+
+    def _uniform(self, a: Genes, b: Genes, rng: random.Random) -> tuple[Genes, Genes]:
+        c, d = a.copy(), b.copy()
+        for j in range(len(a.forward)):
+            if rng.random() < 0.5:
+                for name in ("forward", "backward", "recompute", "split", "cap"):
+                    ca, cb = getattr(c, name), getattr(d, name)
+                    ca[j], cb[j] = getattr(b, name)[j], getattr(a, name)[j]
         for i in range(1, len(a.cuts) - 1):
             if rng.random() < 0.5:
                 c.cuts[i], d.cuts[i] = b.cuts[i], a.cuts[i]
         return c, d
 
-    def _splice(self, a: Genes, b: Genes, rng: np.random.Generator) -> tuple[Genes, Genes]:
-        x = int(rng.integers(1, self.rules.batch)) if self.rules.batch > 1 else 1
+    def _splice(self, a: Genes, b: Genes, rng: random.Random) -> tuple[Genes, Genes]:
+        x = rng.randrange(1, self.rules.batch) if self.rules.batch > 1 else 1
         c, d = a.copy(), b.copy()
-        for s in range(self.rules.stages):
-            c.forward[s], d.forward[s] = splice(a.forward[s], b.forward[s], x), splice(b.forward[s], a.forward[s], x)
-            c.backward[s], d.backward[s] = splice(a.backward[s], b.backward[s], x), splice(b.backward[s], a.backward[s], x)
+        c.fresh = d.fresh = None
+        for j in range(len(a.forward)):
+            c.forward[j], d.forward[j] = tuple(splice(a.forward[j], b.forward[j], x)), tuple(splice(b.forward[j], a.forward[j], x))
+            c.backward[j], d.backward[j] = tuple(splice(a.backward[j], b.backward[j], x)), tuple(splice(b.backward[j], a.backward[j], x))
         return c, d
 
 
-class PlanMutation(Mutation):
+class GenomeMutation(Mutation):
     """One random move (sometimes two or three) from :mod:`umsearch.search.moves`."""
 
     def __init__(self, rules: Rules, prob: float = 0.9) -> None:
@@ -130,13 +169,10 @@ class PlanMutation(Mutation):
 
     def _do(self, problem: Problem, X: np.ndarray, *args: Any, **kwargs: Any) -> np.ndarray:
         rng = _rng(kwargs)
-        Y = np.empty_like(X)
-        for i in range(len(X)):
-            Y[i, 0] = neighbour(X[i, 0], self.rules, rng, moves=int(rng.geometric(0.6)))
-        return Y
+        return _column([neighbour(row[0], self.rules, rng, moves=_geometric(rng, 0.6)) for row in X])
 
 
-class PlanRepair(Repair):
+class GenomeRepair(Repair):
     """Every genome made valid under the space's rules (operators repair already; this guards the rest)."""
 
     def __init__(self, rules: Rules) -> None:
@@ -147,8 +183,8 @@ class PlanRepair(Repair):
         return _column([repair(row[0], self.rules) for row in X])
 
 
-class PlanDuplicates(DuplicateElimination):
-    """Equal plans are duplicates; found by hashing, linear in the population."""
+class GenomeDuplicates(DuplicateElimination):
+    """Equal genomes are duplicates; found by hashing, linear in the population."""
 
     def _do(self, pop: Any, other: Any, is_duplicate: np.ndarray) -> np.ndarray:
         seen = {ind.X[0] for ind in other} if other is not None else set()

@@ -1,0 +1,93 @@
+"""Baselines: torch's own orders, at their best count and partition, honest about how they were found."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tests.strategies import uniform_profile
+from umsearch.core.cost import CostModel
+from umsearch.core.schedules import PEER_SCHEDULES
+from umsearch.measure.synthetic import bimodal_profile
+from umsearch.search.baselines import EXACT_LIMIT, baselines, counts, shapes
+from umsearch.search.genome import Rules
+from umsearch.search.partition import (
+    all_cuts,
+    balanced_cuts,
+    count_cuts,
+    descend,
+    neighbours,
+    stage_work,
+)
+from umsearch.search.scoring import Scorer
+from umsearch.search.space import build_space
+from umsearch.sim.batch import encode
+
+
+def _setup(profile, **kw):  # type: ignore[no-untyped-def]
+    values = {"profile": "p.json", "ranks": 2, "global_batch": 8, **kw}
+    space = build_space(values)
+    rules = Rules.of(space, profile)
+    tables = CostModel(profile, space.state_factor).tables(rules.largest)
+    return space, rules, Scorer(rules, tables, space.memory_limit), tables
+
+
+def test_each_peer_runs_torchs_order_at_its_best_choice() -> None:
+    """Small enough for the exact search: every baseline is the fastest of all its choices."""
+    profile = bimodal_profile(layers=6)
+    space, rules, score, tables = _setup(profile, stages_per_rank=[1, 2])
+    base = baselines(space, rules, score, tables)
+    for name, peer in PEER_SCHEDULES.items():
+        b = base[name]
+        assert b is not None and "best of all" in b.method
+        brute = min(
+            float(score.plans([s.on(c)])[0][0])
+            for s in shapes(peer, rules) for c in all_cuts(rules.num_layers, rules.ranks * s.v)
+        )  # fmt: skip
+        assert b.iteration_ms == pytest.approx(brute, rel=1e-12)
+        v = b.plan.num_stages // rules.ranks
+        m = len(b.plan.stages[0].forward)
+        assert b.plan.actions == peer.generate(rules.ranks, v, m)
+
+
+def test_counts_respect_the_space() -> None:
+    rules = Rules(num_layers=4, ranks=2, batch=20, sizes=tuple(range(3, 9)), max_count=5, stages_per_rank=(1,),
+                  placements=("loop",), split=False, recompute=False)  # fmt: skip
+    assert counts(rules) == [3, 4, 5]  # 20/3 -> sizes 7 and 6 ... 20/5 = 4; 20/2 = 10 is too large
+
+
+def test_zero_bubble_needs_the_split() -> None:
+    space, rules, score, tables = _setup(uniform_profile(4, split=False), stages_per_rank=[1, 2])
+    base = baselines(space, rules, score, tables)
+    assert base["ZBVZeroBubble"] is None and base["InterleavedZeroBubble"] is None
+    assert base["1F1B"] is not None
+
+
+def test_balanced_cuts_is_the_exact_bottleneck() -> None:
+    profile = bimodal_profile(layers=7)
+    tables = CostModel(profile).tables(8)
+    work = stage_work(tables, 4)
+    for S in (1, 2, 3, 4):
+        dp = balanced_cuts(work, S)
+        brute = min(all_cuts(7, S), key=lambda c: max(work[a, b] for a, b in itertools.pairwise(c)))
+        assert max(work[a, b] for a, b in itertools.pairwise(dp)) == pytest.approx(
+            max(work[a, b] for a, b in itertools.pairwise(brute)))
+
+
+def test_descent_reaches_a_local_optimum() -> None:
+    target = (0, 2, 5, 9)
+    score = lambda cs: np.array([sum(abs(a - b) for a, b in zip(c, target, strict=False)) for c in cs], dtype=float)  # noqa: E731
+    cuts, t = descend([(0, 1, 2, 9)], score)
+    assert cuts == target and t == 0.0
+    assert all(score([n])[0] >= t for n in neighbours(cuts))
+
+
+def test_large_spaces_say_their_partition_is_a_local_optimum() -> None:
+    profile = bimodal_profile(layers=32)
+    space, rules, score, tables = _setup(profile, ranks=4, global_batch=32, stages_per_rank=[2], peers=["Interleaved1F1B"])
+    assert count_cuts(32, 8) > EXACT_LIMIT
+    b = baselines(space, rules, score, tables)["Interleaved1F1B"]
+    assert b is not None and "local optimum" in b.method and "fastest counts" in b.method
+    encode(b.plan)  # a valid plan

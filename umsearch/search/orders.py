@@ -1,0 +1,473 @@
+"""The order generator: every rank's action list from a genome, by list scheduling in simulated time.
+
+Fixed orders (GPipe, 1F1B, the interleaved and zero-bubble families) are
+written for equal microbatches on balanced stages. Unequal microbatches and
+uneven stages shift every arrival, so here the order is made while the
+iteration is simulated (MODEL.md section 4): whenever a rank is free it takes,
+among its actions whose inputs have arrived,
+
+1. a weight gradient ``W``, if at least ``w_cap[r]`` are waiting;
+2. by its policy (:data:`POLICIES`), a backward (``B``, or ``I`` on a split
+   stage: it frees memory and unblocks the ranks upstream) or a forward; a
+   forward only while its stage holds fewer than ``cap[j]`` samples forwarded
+   but not back-propagated, the rank fewer than ``rank_cap[r]`` over all its
+   stages, and the rank's activations stay under the memory limit;
+3. any waiting ``W``: weight gradients fill what would be idle time (the
+   zero-bubble idea).
+
+Otherwise the rank waits for its next input. If every rank waits on a cap
+and nothing is on its way, the earliest such forward goes ahead anyway (a
+relaxation), so generation never deadlocks. Each action starts at
+``max(end of the rank's previous action, arrival of its inputs)`` and is
+timed with the shared kernels of :mod:`umsearch.sim.kernels`, so the times,
+busy times and memory this returns equal what :func:`umsearch.sim.batch.evaluate`
+computes for the generated lists (tested).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from numba import get_num_threads, njit, prange
+
+from umsearch.core.cost import CostTables
+from umsearch.search.genome import Genome, Rules
+from umsearch.sim.batch import ArrayPlan
+from umsearch.sim.kernels import compute_ms, memory_delta, ready_at, spans, transfer_ms
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+POLICIES = {
+    0: "backwards first (deepest stage first), then forwards, deepest stage first",
+    1: "backwards first (deepest stage first), then forwards, shallowest stage first",
+    2: "stage by stage from the deepest: its backward, else its forward",
+    3: "forwards first (shallowest stage first) while the caps allow, then backwards, deepest first",
+    4: "forwards first (deepest stage first) while the caps allow, then backwards, deepest first",
+}
+"""How a rank picks among its ready actions (the genome's per-rank ``policy``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedGenomes:
+    """N genomes flattened for the compiled generator (CSR like :class:`umsearch.sim.batch.PackedPlans`)."""
+
+    stage_ptr: IntArray
+    lo: IntArray
+    hi: IntArray
+    rank: IntArray
+    recompute: npt.NDArray[np.bool_]
+    split: npt.NDArray[np.bool_]
+    cap: IntArray
+    fwd: IntArray
+    fwd_ptr: IntArray
+    bwd: IntArray
+    bwd_ptr: IntArray
+    rank_ptr: IntArray
+    rank_cap: IntArray
+    w_cap: IntArray
+    policy: IntArray
+    act_ptr: IntArray
+    """(total ranks + 1,) where each rank's generated actions go in the output array."""
+
+    @property
+    def size(self) -> int:
+        return int(self.stage_ptr.shape[0]) - 1
+
+
+def _ptr(lengths: npt.ArrayLike) -> IntArray:
+    arr = np.asarray(lengths, dtype=np.int64)
+    out = np.zeros(arr.shape[0] + 1, dtype=np.int64)
+    np.cumsum(arr, out=out[1:])
+    return out
+
+
+def pack_genomes(genomes: Sequence[Genome], rules: Rules) -> PackedGenomes:
+    """Flatten (valid) genomes for :func:`generate`."""
+    ranks = [np.asarray(rules.placement_of(g.v, g.placement), dtype=np.int64) for g in genomes]
+    fwd_len = np.fromiter((len(f) for g in genomes for f in g.forward), dtype=np.int64)
+    bwd_len = np.fromiter((len(b) for g in genomes for b in g.backward), dtype=np.int64)
+    split = np.fromiter((s for g in genomes for s in g.split), dtype=np.bool_)
+    rank = np.concatenate(ranks)
+    # Actions per rank: every forward, and every backward as B or as I and W.
+    per_stage = fwd_len + bwd_len * (1 + split)
+    offsets = _ptr([len(r) for r in ranks])
+    R = rules.ranks
+    per_rank = np.zeros(len(genomes) * R, dtype=np.int64)
+    cand = np.repeat(np.arange(len(genomes)), [len(r) for r in ranks])
+    np.add.at(per_rank, cand * R + rank, per_stage)
+    cuts = [np.asarray(g.cuts, dtype=np.int64) for g in genomes]
+    chain = itertools.chain.from_iterable
+    fwd = np.fromiter(chain(chain(g.forward for g in genomes)), dtype=np.int64, count=int(fwd_len.sum()))
+    bwd = np.fromiter(chain(chain(g.backward for g in genomes)), dtype=np.int64, count=int(bwd_len.sum()))
+    return PackedGenomes(
+        stage_ptr=offsets, lo=np.concatenate([c[:-1] for c in cuts]), hi=np.concatenate([c[1:] for c in cuts]),
+        rank=rank, recompute=np.fromiter((r for g in genomes for r in g.recompute), dtype=np.bool_),
+        split=split, cap=np.fromiter((c for g in genomes for c in g.cap), dtype=np.int64),
+        fwd=fwd, fwd_ptr=_ptr(fwd_len), bwd=bwd, bwd_ptr=_ptr(bwd_len),
+        rank_ptr=np.arange(len(genomes) + 1, dtype=np.int64) * R,
+        rank_cap=np.fromiter((c for g in genomes for c in g.rank_cap), dtype=np.int64),
+        w_cap=np.fromiter((c for g in genomes for c in g.w_cap), dtype=np.int64),
+        policy=np.fromiter((d for g in genomes for d in g.policy), dtype=np.int64),
+        act_ptr=_ptr(per_rank),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generated:
+    """The generator's output: every rank's actions and what the iteration costs."""
+
+    act: IntArray
+    """Flat action codes (:func:`umsearch.sim.batch.action_code`); rank g's are ``act[act_ptr[g]:act_ptr[g+1]]``."""
+    iteration_ms: FloatArray
+    """(N,) iteration time (``inf`` if generation failed, which it never should)."""
+    max_memory_bytes: FloatArray
+    """(N,) peak memory of the fullest rank."""
+    peak_memory_bytes: FloatArray
+    """Flat per-rank peak memory."""
+    busy_ms: FloatArray
+    """Flat per-rank busy time."""
+    relaxed: IntArray
+    """(N,) forwards that went past their stage's cap because every rank was waiting."""
+    packed: PackedGenomes
+    """What was generated from (for reading a candidate's lists back out)."""
+
+    def array_plan(self, g: Genome, rules: Rules, c: int) -> ArrayPlan:
+        """Candidate ``c`` (genome ``g``) with its generated lists, as an array plan."""
+        p = self.packed
+        r0, r1 = p.rank_ptr[c], p.rank_ptr[c + 1]
+        return ArrayPlan(
+            batch=rules.batch, ranks=rules.ranks, cuts=np.asarray(g.cuts, dtype=np.int64),
+            rank=p.rank[p.stage_ptr[c] : p.stage_ptr[c + 1]].copy(),
+            recompute=np.asarray(g.recompute, dtype=np.bool_),
+            fwd=p.fwd[p.fwd_ptr[p.stage_ptr[c]] : p.fwd_ptr[p.stage_ptr[c + 1]]].copy(),
+            fwd_len=np.diff(p.fwd_ptr[p.stage_ptr[c] : p.stage_ptr[c + 1] + 1]),
+            bwd=p.bwd[p.bwd_ptr[p.stage_ptr[c]] : p.bwd_ptr[p.stage_ptr[c + 1]]].copy(),
+            bwd_len=np.diff(p.bwd_ptr[p.stage_ptr[c] : p.stage_ptr[c + 1] + 1]),
+            act=self.act[p.act_ptr[r0] : p.act_ptr[r1]].copy(), act_len=np.diff(p.act_ptr[r0 : r1 + 1]),
+        )  # fmt: skip
+
+    def ranks_of(self, c: int, values: FloatArray) -> FloatArray:
+        """Candidate ``c``'s slice of a per-rank array."""
+        return values[self.packed.rank_ptr[c] : self.packed.rank_ptr[c + 1]]
+
+
+def generate(packed: PackedGenomes, tables: CostTables, memory_limit: float) -> Generated:
+    """Generate and time every genome's action lists (one compiled call for the population)."""
+    n = packed.size
+    n_ranks = int(packed.rank_ptr[-1])
+    act = np.zeros(int(packed.act_ptr[-1]), dtype=np.int64)
+    it, top = np.empty(n), np.empty(n)
+    relaxed = np.zeros(n, dtype=np.int64)
+    mem, busy = np.zeros(n_ranks), np.zeros(n_ranks)
+    t = tables
+    _generate_all(
+        packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, packed.split, packed.cap,
+        packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.rank_cap, packed.w_cap,
+        packed.policy, packed.act_ptr, t.times, t.out_bytes, t.stash_prefix, t.param_prefix,
+        t.input_bytes, t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms, t.state_factor,
+        memory_limit, act, it, top, mem, busy, relaxed, min(n, 4 * get_num_threads()),
+    )  # fmt: skip
+    return Generated(act=act, iteration_ms=it, max_memory_bytes=top, peak_memory_bytes=mem, busy_ms=busy,
+                     relaxed=relaxed, packed=packed)  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def _generate_all(  # type: ignore[no-untyped-def]
+    stage_ptr, lo, hi, rank, recompute, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
+    policy, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh,
+    state_factor, memory_limit, act, it, top, mem, busy, relaxed, blocks,
+):  # fmt: skip
+    n = stage_ptr.shape[0] - 1
+    max_s = max_r = max_g = 1
+    for c in range(n):
+        s0, s1 = stage_ptr[c], stage_ptr[c + 1]
+        max_g = max(max_g, s1 - s0)
+        max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
+        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0])
+    for blk in prange(blocks):
+        ints = np.empty((6, max_g), np.int64)  # per stage: fnext, bnext, wnext, samples forwarded / back, force
+        dep_lo = np.empty(max_s, np.int64)
+        dep_hi = np.empty(max_s, np.int64)
+        deliv = np.empty(max_s)
+        link = np.empty((max_r, max_r))
+        rint = np.empty((4, max_r + 1), np.int64)  # per rank: written, pending W, waiting, local-stage offset
+        rflt = np.empty((5, max_r))  # per rank: decision time, end of last action, activation level, budget, tried
+        local = np.empty(max_g, np.int64)
+        for c in range(blk * n // blocks, (blk + 1) * n // blocks):
+            ok = _generate_one(c, stage_ptr, lo, hi, rank, recompute, split, cap, fwd, fwd_ptr, bwd, bwd_ptr,
+                               rank_ptr, rank_cap, w_cap, policy, act_ptr, times, out_bytes, stash_prefix,
+                               param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh, state_factor,
+                               memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint,
+                               rflt, local)  # fmt: skip
+            last = peak = 0.0
+            for q in range(rank_ptr[c], rank_ptr[c + 1]):
+                last = max(last, rflt[1, q - rank_ptr[c]])
+                peak = max(peak, mem[q])
+            it[c] = last if ok else np.inf
+            top[c] = peak if ok else np.inf
+
+
+@njit(cache=True)
+def _backward_at(g, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base):  # type: ignore[no-untyped-def]
+    """When stage g's next backward can start: its inputs' arrival, -1 while they are not all sent,
+    -2 if it is no candidate (none left, or its forwards have not all run)."""
+    k = ints[1, g]
+    if k >= bwd_ptr[s0 + g + 1] - bwd_ptr[s0 + g] or ints[3, g] < ints[4, g] + bwd[bwd_ptr[s0 + g] + k]:
+        return -2.0
+    if g == S - 1:
+        return 0.0
+    slot = n_f + bwd_ptr[s0 + g] - b_base + k
+    return ready_at(deliv, n_f + bwd_ptr[s0 + g + 1] - b_base, dep_lo[slot], dep_hi[slot])
+
+
+@njit(cache=True)
+def _forward_at(g, s0, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base):  # type: ignore[no-untyped-def]
+    """When stage g's next forward can start (as :func:`_backward_at`; caps not applied)."""
+    k = ints[0, g]
+    if k >= fwd_ptr[s0 + g + 1] - fwd_ptr[s0 + g]:
+        return -2.0
+    if g == 0:
+        return 0.0
+    slot = fwd_ptr[s0 + g] - f_base + k
+    return ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
+
+
+@njit(cache=True)
+def _pending_w(first, last, local, ints, split, s0):  # type: ignore[no-untyped-def]
+    """The deepest local stage with a weight gradient waiting, or -1."""
+    for i in range(last - 1, first - 1, -1):
+        g = local[i]
+        if ints[2, g] < ints[1, g] and split[s0 + g]:
+            return g
+    return -1
+
+
+@njit(cache=True)
+def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr, dep_lo, dep_hi, deliv,  # type: ignore[no-untyped-def]
+               n_f, f_base, b_base, now, rank_cap, w_cap, policy, cap, level, budget, stash_in):  # fmt: skip
+    """Rank r's choice at ``now`` by its policy (see :data:`POLICIES`): ``(stage, kind, _)``, or
+    ``(-1, -1, t)`` with t the ready time of the earliest candidate only waiting for an input (inf:
+    none known yet)."""
+    first, last = rint[3, r], rint[3, r + 1]
+    wake = np.inf
+    held = 0
+    for i in range(first, last):
+        held += ints[3, local[i]] - ints[4, local[i]]
+    if rint[1, r] >= w_cap and rint[1, r] > 0:  # too many weight gradients wait
+        return _pending_w(first, last, local, ints, split, s0), 3, now
+    n = last - first
+    # Policies 0/1 sweep backwards then forwards, 3/4 forwards then backwards, 2 both per stage.
+    sweeps = 1 if policy == 2 else 2
+    for sweep in range(sweeps):
+        backward = policy == 2 or (sweep == 0) == (policy < 2)
+        forward = policy == 2 or not backward
+        shallow_first = forward and (policy == 1 or policy == 3)
+        for step in range(n):
+            i = first + step if shallow_first else last - 1 - step
+            g = local[i]
+            if backward:
+                d = _backward_at(g, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base)
+                if 0.0 <= d <= now:
+                    return g, 2 if split[s0 + g] else 1, now
+                if d > now:
+                    wake = min(wake, d)
+            if forward:
+                d = _forward_at(g, s0, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base)
+                if d > now:
+                    wake = min(wake, d)
+                elif d >= 0.0:
+                    size = fwd[fwd_ptr[s0 + g] + ints[0, g]]
+                    if ints[5, g] or held == 0 or (ints[3, g] - ints[4, g] < cap[s0 + g] and held < rank_cap
+                                                   and level + stash_in[g] * size <= budget):  # fmt: skip
+                        return g, 0, now
+    g = _pending_w(first, last, local, ints, split, s0)  # weight gradients fill the gap
+    if g >= 0:
+        return g, 3, now
+    return -1, -1, wake
+
+
+@njit(cache=True)
+def _generate_one(  # type: ignore[no-untyped-def]
+    c, stage_ptr, lo, hi, rank, recompute, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
+    policy, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh,
+    state_factor, memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint, rflt, local,
+):  # fmt: skip
+    """Generate candidate c's lists; returns False only if no rank could go on (a bug, never expected)."""
+    s0, s1 = stage_ptr[c], stage_ptr[c + 1]
+    S = s1 - s0
+    r0, r1 = rank_ptr[c], rank_ptr[c + 1]
+    R = r1 - r0
+    f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
+    n_f = fwd_ptr[s1] - f_base
+    for g in range(s0, s1):
+        if g > s0:
+            o = fwd_ptr[g] - f_base
+            spans(fwd, fwd_ptr[g - 1], fwd_ptr[g], fwd, fwd_ptr[g], fwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
+        if g < s1 - 1:
+            o = n_f + bwd_ptr[g] - b_base
+            spans(bwd, bwd_ptr[g + 1], bwd_ptr[g + 2], bwd, bwd_ptr[g], bwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
+    for i in range(n_f + bwd_ptr[s1] - b_base):
+        deliv[i] = -1.0
+    # Local stages of each rank, ascending: local[rint[3, r] : rint[3, r + 1]].
+    n_loc = 0
+    for r in range(R):
+        rint[3, r] = n_loc
+        for g in range(S):
+            if rank[s0 + g] == r:
+                local[n_loc] = g
+                n_loc += 1
+    rint[3, R] = n_loc
+    stash_in = np.empty(S)  # bytes a forward adds per sample (its stash, or its input when recomputing)
+    for g in range(S):
+        st = stash_prefix[hi[s0 + g]] - stash_prefix[lo[s0 + g]]
+        inp = input_bytes if lo[s0 + g] == 0 else out_bytes[lo[s0 + g] - 1]
+        stash_in[g] = inp if recompute[s0 + g] else st
+        for q in range(6):
+            ints[q, g] = 0
+    for r in range(R):
+        rint[0, r] = 0
+        rint[1, r] = 0
+        rint[2, r] = 0
+        state = 0.0
+        for i in range(rint[3, r], rint[3, r + 1]):
+            g = local[i]
+            state += state_factor * (param_prefix[hi[s0 + g]] - param_prefix[lo[s0 + g]])
+        rflt[0, r] = 0.0
+        rflt[1, r] = 0.0
+        rflt[2, r] = 0.0
+        rflt[3, r] = memory_limit - state
+        rflt[4, r] = 0.0
+        mem[r0 + r] = 0.0
+        busy[r0 + r] = 0.0
+        for q in range(R):
+            link[r, q] = 0.0
+    remaining = act_ptr[r1] - act_ptr[r0]
+    while remaining > 0:
+        r = -1
+        best = np.inf
+        for q in range(R):
+            if rint[0, q] < act_ptr[r0 + q + 1] - act_ptr[r0 + q] and rflt[0, q] < best:
+                best = rflt[0, q]
+                r = q
+        if r < 0:
+            r, g = _relax(s0, S, R, rint, rflt, local, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base, act_ptr, r0)
+            if r < 0:
+                return False
+            relaxed[c] += 1
+            ints[5, g] = 1
+            rint[2, r] = 0
+            rflt[0, r] = rflt[4, r]
+            continue
+        now = rflt[0, r]
+        g, kind, wake = _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr, dep_lo, dep_hi,
+                             deliv, n_f, f_base, b_base, now, rank_cap[r0 + r], w_cap[r0 + r], policy[r0 + r], cap,
+                             rflt[2, r], rflt[3, r], stash_in)  # fmt: skip
+        if g < 0:
+            rint[2, r] = 1  # waiting: a delivery to this rank wakes it
+            rflt[4, r] = now
+            rflt[0, r] = wake
+            continue
+        # Run the chosen action: the timing of MODEL.md section 4, as in the evaluator.
+        gg = s0 + g
+        if kind == 0:
+            k = ints[0, g]
+            size = fwd[fwd_ptr[gg] + k]
+            slot = fwd_ptr[gg] - f_base + k
+            producers = fwd_ptr[gg - 1] - f_base if g > 0 else -1
+            cross = g > 0 and rank[gg - 1] != rank[gg]
+        elif kind == 3:
+            k = ints[2, g]
+            size = bwd[bwd_ptr[gg] + k]
+            slot = producers = -1
+            cross = False
+        else:
+            k = ints[1, g]
+            size = bwd[bwd_ptr[gg] + k]
+            slot = n_f + bwd_ptr[gg] - b_base + k
+            producers = n_f + bwd_ptr[gg + 1] - b_base if g < S - 1 else -1
+            cross = producers >= 0 and rank[gg + 1] != rank[gg]
+        start = rflt[1, r]
+        needs = 0
+        if producers >= 0:
+            start = max(start, ready_at(deliv, producers, dep_lo[slot], dep_hi[slot]))
+            if cross:
+                needs = dep_hi[slot] - dep_lo[slot] + 1
+        l_lo, l_hi = lo[gg], hi[gg]
+        dur = compute_ms(kind, size, l_lo, l_hi, recompute[gg], times)
+        to = -1
+        if kind == 0 and g < S - 1:
+            to = gg + 1
+        elif (kind == 1 or kind == 2) and g > 0:
+            to = gg - 1
+        sends = 1 if to >= 0 and rank[to] != rank[gg] else 0
+        dur += op_oh + msg_oh * (sends + needs)
+        end = start + dur
+        if to >= 0:
+            arrival = end
+            if sends:
+                dst = rank[to]
+                edge = l_hi - 1 if kind == 0 else l_lo - 1
+                arrival = max(end, link[r, dst]) + transfer_ms(size, edge, out_bytes, latency, ms_per_byte)
+                link[r, dst] = arrival
+            deliv[slot] = arrival
+            dst = rank[to]
+            if rint[2, dst]:  # wake a waiting consumer, no earlier than its own last end
+                rflt[0, dst] = min(rflt[0, dst], max(arrival, rflt[1, dst]))
+        inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
+        add, rel = memory_delta(kind, recompute[gg], (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp)
+        rflt[2, r] += add
+        mem[r0 + r] = max(mem[r0 + r], rflt[2, r])
+        rflt[2, r] -= rel
+        busy[r0 + r] += dur
+        rflt[0, r] = rflt[1, r] = end
+        rint[2, r] = 0
+        act[act_ptr[r0 + r] + rint[0, r]] = (k << 12) | (g << 2) | kind
+        rint[0, r] += 1
+        remaining -= 1
+        if kind == 0:
+            ints[0, g] += 1
+            ints[3, g] += size
+            ints[5, g] = 0
+        elif kind == 3:
+            ints[2, g] += 1
+            rint[1, r] -= 1
+        else:
+            ints[1, g] += 1
+            ints[4, g] += size
+            if kind == 2:
+                rint[1, r] += 1
+    for r in range(R):
+        for i in range(rint[3, r], rint[3, r + 1]):
+            g = local[i]
+            mem[r0 + r] += state_factor * (param_prefix[hi[s0 + g]] - param_prefix[lo[s0 + g]])
+    return True
+
+
+@njit(cache=True)
+def _relax(s0, S, R, rint, rflt, local, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base, act_ptr, r0):  # type: ignore[no-untyped-def]
+    """Every rank waits and nothing is on its way: the (rank, stage) whose next forward has its inputs
+    and is held back only by its cap or the memory budget, earliest first; (-1, -1) if none."""
+    best_r = best_g = -1
+    best_t = np.inf
+    for r in range(R):
+        if rint[0, r] >= act_ptr[r0 + r + 1] - act_ptr[r0 + r]:
+            continue
+        for i in range(rint[3, r], rint[3, r + 1]):
+            g = local[i]
+            k = ints[0, g]
+            if k >= fwd_ptr[s0 + g + 1] - fwd_ptr[s0 + g]:
+                continue
+            d = 0.0
+            if g > 0:
+                slot = fwd_ptr[s0 + g] - f_base + k
+                d = ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
+            if d >= 0.0 and max(d, rflt[1, r]) < best_t:
+                best_t, best_r, best_g = max(d, rflt[1, r]), r, g
+    if best_r >= 0:
+        rflt[4, best_r] = best_t
+    return best_r, best_g

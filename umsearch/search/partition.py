@@ -1,0 +1,85 @@
+"""Cutting L layers into S contiguous stages: enumeration, balance, and descent on the simulated time.
+
+- :func:`all_cuts` enumerates every partition (used while there are at most a
+  few thousand of them: the exact answer under the simulator).
+- :func:`balanced_cuts` is the exact bottleneck DP: the cuts minimizing the
+  largest per-stage work ``m * (F(b) + G(b))`` (PipeDream-planner style), a
+  good start, not the answer (the simulated time is not a sum over stages).
+- :func:`descend` moves one cut at a time to the neighbouring layer while the
+  simulated time improves: a local optimum, and the searches that use it say so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from umsearch.core.cost import CostTables
+
+Cuts = tuple[int, ...]
+
+
+def count_cuts(num_layers: int, stages: int) -> int:
+    """How many ways there are to cut ``num_layers`` layers into ``stages`` non-empty stages."""
+    return math.comb(num_layers - 1, stages - 1)
+
+
+def all_cuts(num_layers: int, stages: int) -> list[Cuts]:
+    """Every partition, as boundaries ``(0, c1, ..., L)``."""
+    return [(0, *c, num_layers) for c in itertools.combinations(range(1, num_layers), stages - 1)]
+
+
+def stage_work(tables: CostTables, b: int) -> np.ndarray:
+    """``[lo, hi]``: ``F(b) + G(b)`` of layers ``[lo, hi)`` (full backward), one microbatch's work."""
+    per = tables.times[0, b] + tables.times[1, b]
+    return per[None, :] - per[:, None]
+
+
+def balanced_cuts(work: np.ndarray, stages: int) -> Cuts:
+    """The cuts minimizing the largest ``work[lo, hi]`` over ``stages`` contiguous stages (exact DP)."""
+    L = work.shape[0] - 1
+    best = np.full((stages + 1, L + 1), np.inf)
+    arg = np.zeros((stages + 1, L + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for s in range(1, stages + 1):
+        for hi in range(s, L - (stages - s) + 1):
+            cand = np.maximum(best[s - 1, s - 1 : hi], work[s - 1 : hi, hi])
+            i = int(np.argmin(cand))
+            best[s, hi], arg[s, hi] = cand[i], i + s - 1
+    cuts = [L]
+    for s in range(stages, 0, -1):
+        cuts.append(int(arg[s, cuts[-1]]))
+    return tuple(cuts[::-1])
+
+
+def neighbours(cuts: Cuts) -> list[Cuts]:
+    """Every partition one cut away by one layer (the cuts stay strictly increasing)."""
+    out = []
+    for i in range(1, len(cuts) - 1):
+        for step in (-1, 1):
+            c = cuts[i] + step
+            if cuts[i - 1] < c < cuts[i + 1]:
+                out.append((*cuts[:i], c, *cuts[i + 1 :]))
+    return out
+
+
+def descend(start: Sequence[Cuts], score: Callable[[list[Cuts]], np.ndarray],
+            max_rounds: int = 200) -> tuple[Cuts, float]:  # fmt: skip
+    """From the best of ``start``, move to the best neighbour while it is faster; ``score`` maps
+    partitions to simulated times (inf: infeasible). Returns the local optimum and its time."""
+    times = score(list(start))
+    i = int(np.argmin(times))
+    cur, cur_t = tuple(start[i]), float(times[i])
+    for _ in range(max_rounds):
+        cand = neighbours(cur)
+        if not cand:
+            break
+        t = score(cand)
+        j = int(np.argmin(t))
+        if not t[j] < cur_t * (1 - 1e-12):
+            break
+        cur, cur_t = cand[j], float(t[j])
+    return cur, cur_t
