@@ -40,6 +40,8 @@ class ClimbConfig:
     its agreement across seeds, comes from here)."""
     kick_moves: int = 4
     """Random moves per jump."""
+    stall: int = 12
+    """Jumps in a row without gain after which the search stops jumping."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,9 +83,11 @@ def iterated_climb(start: Step, score: Scorer, rules: Rules, rng: random.Random,
     """:func:`climb`, then ``config.kicks`` times: jump from the best and climb again, keeping the
     result only if it is faster. Returns the best step."""
     best = climb(start, score, rules, rng, config, deadline, on_step)
+    misses = 0
     for _ in range(config.kicks):
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline or misses >= config.stall:
             break
+        misses += 1
         jump = neighbour(best.genome, rules, rng, moves=config.kick_moves)
         t, mem = score.genome_times([jump])
         if not np.isfinite(t[0]):
@@ -91,7 +95,7 @@ def iterated_climb(start: Step, score: Scorer, rules: Rules, rng: random.Random,
         trial = climb(Step(genome=jump, iteration_ms=float(t[0]), max_memory_bytes=float(mem[0])), score, rules, rng,
                       config, deadline)
         if trial.iteration_ms < best.iteration_ms * (1 - 1e-12):
-            best = trial
+            best, misses = trial, 0
             if on_step is not None:
                 on_step(best)
     return best

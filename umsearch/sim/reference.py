@@ -24,7 +24,7 @@ from umsearch.sim.result import SimResult
 _QUANTITY = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}
 
 
-class _Timing:
+class ActionTiming:
     """Sizes, durations and destinations of a plan's actions under one cost model."""
 
     def __init__(self, plan: Plan, cost: CostModel, deps: Dependencies) -> None:
@@ -85,7 +85,7 @@ def simulate(plan: Plan, cost: CostModel) -> SimResult:
     profile (layer count, I/W split)."""
     cost.check(validate_plan(plan))
     deps = Dependencies(plan)
-    timing = _Timing(plan, cost, deps)
+    timing = ActionTiming(plan, cost, deps)
     R = plan.ranks
     delivered: dict[Action, float] = {}
     link_free: dict[tuple[int, int], float] = {}

@@ -1,0 +1,86 @@
+"""The search: never behind a baseline, deterministic, honest about budgets and interruptions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from umsearch.core.errors import NoFeasiblePlanError
+from umsearch.core.plan import validate_plan
+from umsearch.core.profile import save_profile
+from umsearch.measure.synthetic import bimodal_profile
+from umsearch.search.driver import Progress, run_search
+from umsearch.search.space import build_space
+
+
+def _space(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
+    profile = bimodal_profile(layers=6, seed=2)
+    path = tmp_path / "p.json"
+    save_profile(profile, path)
+    values = {"profile": str(path), "ranks": 2, "global_batch": 16, "max_microbatch": 16, "population": 24,
+              "generations": 6, "seed": 1, "time_budget_s": 600, **kw}  # fmt: skip
+    return profile, build_space(values)
+
+
+def _peers(res):  # type: ignore[no-untyped-def]
+    return [b for b in res.baselines.values() if b is not None]
+
+
+def test_never_slower_than_baselines_and_deterministic(tmp_path: Path) -> None:
+    profile, space = _space(tmp_path)
+    a, b = run_search(space, profile), run_search(space, profile)
+    assert all(a.best.iteration_ms <= base.iteration_ms for base in _peers(a))
+    assert a.best.plan == b.best.plan and a.best.iteration_ms == b.best.iteration_ms
+    assert not a.budget_hit and not a.interrupted
+    validate_plan(a.best.plan, profile.num_layers)
+    assert a.lower_bound_ms <= a.best.iteration_ms
+    times = [s.iteration_ms for s in a.pareto]
+    mems = [s.max_memory for s in a.pareto]
+    assert times == sorted(times) and mems == sorted(mems, reverse=True) and a.pareto[0] is a.best
+
+
+def test_unequal_microbatches_pay_off_on_two_kinds_of_layer(tmp_path: Path) -> None:
+    profile, space = _space(tmp_path, global_batch=32, max_microbatch=32)
+    res = run_search(space, profile)
+    best_peer = min(b.iteration_ms for k, b in res.baselines.items() if b is not None and k != "local greedy")
+    assert res.best.iteration_ms < best_peer * 0.97
+
+
+def test_no_feasible_plan_says_what_to_do(tmp_path: Path) -> None:
+    profile, space = _space(tmp_path, memory_limit=10, generations=2)
+    with pytest.raises(NoFeasiblePlanError, match="raise the limit"):
+        run_search(space, profile)
+
+
+def test_ctrl_c_keeps_the_best_so_far(tmp_path: Path) -> None:
+    profile, space = _space(tmp_path, generations=30)
+    seen: list[Progress] = []
+
+    def stop_in_generation_3(p: Progress) -> None:
+        seen.append(p)
+        if p.phase == "nsga2" and p.done == 3:
+            raise KeyboardInterrupt
+
+    res = run_search(space, profile, stop_in_generation_3)
+    assert res.interrupted and res.generations == 3
+    assert [p.phase for p in seen][:4] == ["baselines", "baselines", "first pass", "first pass"]
+    assert all(res.best.iteration_ms <= base.iteration_ms for base in _peers(res))
+
+
+def test_progress_counts_something_in_every_phase(tmp_path: Path) -> None:
+    profile, space = _space(tmp_path)
+    seen: list[Progress] = []
+    run_search(space, profile, seen.append)
+    phases = {p.phase for p in seen}
+    assert phases == {"baselines", "first pass", "nsga2", "polish"}
+    nsga = [p for p in seen if p.phase == "nsga2"]
+    assert [p.done for p in nsga] == list(range(1, space.generations + 1)) and nsga[0].total == space.generations
+    assert all(p.evaluations > 0 for p in seen if p.phase != "baselines" or p.done == 1)
+
+
+def test_time_budget_stops_and_says_so(tmp_path: Path) -> None:
+    profile, space = _space(tmp_path, generations=10_000, time_budget_s=0.5)
+    res = run_search(space, profile)
+    assert res.budget_hit and res.generations < 10_000
+    assert all(res.best.iteration_ms <= base.iteration_ms for base in _peers(res))
