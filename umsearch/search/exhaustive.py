@@ -94,7 +94,7 @@ class _Search:
         """(added before the peak, released after) by ``a``: MODEL.md section 5."""
         st, c = self.plan.stages[a.stage], self.cost
         n = st.forward[a.mb] if a.kind == "F" else st.backward[a.mb]
-        stash, inp = c.stash_bytes(st.lo, st.hi) * n, c.input_bytes_of(st.lo) * n
+        stash = c.stash_bytes(st.lo, st.hi) * n  # no recompute in these structures: inputs never count
         return {"F": (stash, 0.0), "B": (0.0, stash), "I": (0.0, 0.0), "W": (0.0, stash)}[a.kind]
 
     def run(self) -> tuple[float, tuple[tuple[Action, ...], ...] | None]:
