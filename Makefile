@@ -27,7 +27,8 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.sim_and_search
+	$(BIN)/python -m benchmarks.simulator
+	$(BIN)/python -m benchmarks.search
 	$(BIN)/python -m benchmarks.runtime
 
 lint: $(STAMP)

@@ -181,6 +181,14 @@ class _Run:
     def fastest(self, n: int) -> list[Genome]:
         return [g for g, _ in sorted(self.found.items(), key=lambda kv: kv[1])[:n]]
 
+    def starts(self, n: int) -> list[Genome]:
+        """The fastest genome of each structure (chunks per rank, placement), fastest first, at most
+        ``n``: the polish explores different basins rather than one basin twice."""
+        out: dict[tuple[int, str], Genome] = {}
+        for g, _ in sorted(self.found.items(), key=lambda kv: kv[1]):
+            out.setdefault((g.v, g.placement if g.v > 1 else "loop"), g)
+        return list(out.values())[:n]
+
 
 def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
     """Search ``space``; Ctrl-C stops early and still returns the best found (see the module docstring)."""
@@ -201,7 +209,7 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
         run.report("first pass", 1, 1)
         if not run.over():
             _nsga2(run, _anchors(rules, run.tables, base))
-        starts = run.fastest(POLISH.starts)
+        starts = run.starts(POLISH.starts)
         rng = random.Random(space.seed)
         for i, g in enumerate(starts):
             if run.over():
