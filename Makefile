@@ -14,7 +14,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,examples]'
+	$(BIN)/python -m umsearch.search.warmup
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from tests.strategies import uniform_profile
 from umsearch.cli import main
-from umsearch.core.plan import Plan, save_plan, uniform_plan
+from umsearch.core.plan import placed_plan, save_plan
 from umsearch.core.profile import save_profile
+from umsearch.core.schedules import one_f_one_b
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -24,8 +26,8 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 @pytest.fixture()
 def files(tmp_path: Path) -> Path:
     save_profile(uniform_profile(), tmp_path / "prof.json")
-    p = uniform_plan([0, 1, 2, 3, 4], 8, 8, "1f1b")
-    save_plan(Plan(global_batch=8, stages=p.stages, profile="prof.json"), tmp_path / "plan.json")
+    plan = placed_plan([0, 1, 2, 3, 4], [0, 1, 2, 3], 8, [[1] * 8] * 4, one_f_one_b(4, 8))
+    save_plan(plan, tmp_path / "plan.json", profile="prof.json")
     return tmp_path
 
 
@@ -33,48 +35,77 @@ def test_simulate_json(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "simulate", str(files / "plan.json"), "--json")
     assert code == 0
     got = json.loads(out)
+    # 1F1B, 4 ranks, 8 microbatches, F = 1 and B = 2 ms: (ranks - 1 + microbatches) x 3 ms.
     assert got["iteration_ms"] == 33.0 and got["deadlock"] is False
+    # 400 B of state (100 B of parameters x 4) plus 10 B per microbatch in flight: 4, 3, 2, 1.
     assert got["peak_memory_bytes"] == [440.0, 430.0, 420.0, 410.0]
+    assert got["busy_ms"] == [24.0] * 4 and got["stage_busy_ms"] == [24.0] * 4
+
+
+def test_simulate_tables(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "simulate", str(files / "plan.json"))
+    assert code == 0 and "1x8" in out and "iteration time 33.000 ms" in out
 
 
 def test_simulate_deadlock_exits_zero(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    plan = {"schema": "umsearch.core.plan/1", "global_batch": 8, "profile": "prof.json", "stages": [
-        {"layers": [0, 2], "forward": [1, 3, 4], "backward": [2, 6], "warmup": 1, "recompute": True},
-        {"layers": [2, 4], "forward": [4, 4], "backward": [8], "warmup": 2, "recompute": True}]}  # fmt: skip
+    plan = {"schema": "umsearch.plan/2", "global_batch": 8, "ranks": 2, "profile": "prof.json", "stages": [
+        {"layers": [0, 2], "rank": 0, "forward": [4, 4], "backward": [4, 4]},
+        {"layers": [2, 4], "rank": 1, "forward": [8], "backward": [8]}],
+        "actions": [["0F0", "0B0", "0F1", "0B1"], ["1F0", "1B0"]]}  # fmt: skip
     (files / "dead.json").write_text(json.dumps(plan))
     code, out, _ = _run(capsys, "simulate", str(files / "dead.json"), "--json")
     assert code == 0
-    assert json.loads(out)["deadlock"] is True and json.loads(out)["iteration_ms"] is None
+    got = json.loads(out)
+    assert got["deadlock"] is True and got["iteration_ms"] is None
+    assert got["blocked"] == ["rank 0 is stuck at 0B0, waiting for 1B0 on rank 1",
+                              "rank 1 is stuck at 1F0, waiting for 0F1 on rank 0"]  # fmt: skip
 
 
-def _bad_plan(base: dict, **change: object) -> dict:  # type: ignore[type-arg]
-    return {**base, **change}
+def test_a_version_1_plan_loads_and_simulates(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    v1 = {"schema": "umsearch.plan/1", "global_batch": 8, "profile": "prof.json",
+          "stages": [{"layers": [i, i + 1], "forward": [1] * 8, "warmup": 4 - i} for i in range(4)]}  # fmt: skip
+    (files / "v1.json").write_text(json.dumps(v1))
+    code, out, _ = _run(capsys, "simulate", str(files / "v1.json"), "--json")
+    assert code == 0 and json.loads(out)["iteration_ms"] == 33.0
 
 
-PLAN = {"schema": "umsearch.core.plan/1", "global_batch": 4, "profile": "prof.json",
-        "stages": [{"layers": [0, 2], "forward": [2, 2], "warmup": 2}, {"layers": [2, 4], "forward": [4], "warmup": 1}]}  # fmt: skip
+PLAN = {"schema": "umsearch.plan/2", "global_batch": 4, "ranks": 2, "profile": "prof.json",
+        "stages": [{"layers": [0, 2], "rank": 0, "forward": [2, 2], "backward": [2, 2]},
+                   {"layers": [2, 4], "rank": 1, "forward": [4], "backward": [4]}],
+        "actions": [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1I0", "1W0"]]}  # fmt: skip
+
+
+def _stages(*changes: dict[str, object]) -> list[dict[str, object]]:
+    return [{**st, **ch} for st, ch in zip(PLAN["stages"], changes, strict=True)]  # type: ignore[arg-type, dict-item]
 
 
 @pytest.mark.parametrize(
     "change,match",
     [
-        ({"schema": "umsearch.core.plan/0"}, "unknown plan schema"),
+        ({"schema": "umsearch.plan/0"}, "unknown plan schema"),
         ({"global_batch": 5}, "sums to 4 but global_batch is 5"),
-        ({"stages": [{"layers": [0, 3], "forward": [4], "warmup": 1}]}, "model has 4 layers"),
-        ({"stages": [{"layers": [0, 2], "forward": [4], "warmup": 1}, {"layers": [3, 4], "forward": [4], "warmup": 1}]}, "previous stage ends at 2"),
-        ({"stages": [{"layers": [0, 4], "forward": [4], "warmup": 0}]}, "warmup = 0"),
-        ({"stages": [{"layers": [0, 4], "forward": [4, 0], "warmup": 1}]}, r"forward\[1\] must be a positive"),
-        ({"stages": [{"layers": [0, 4], "forward": [4], "backward": [2, 2], "warmup": 1}]}, "does not recompute"),
+        ({"stages": _stages({}, {"layers": [2, 3]})}, "has 4 layers"),
+        ({"stages": _stages({}, {"layers": [3, 4]})}, "ends at 2"),
+        ({"stages": _stages({"forward": [4, 0]}, {})}, r"forward\[1\] = 0 must be between 1"),
+        ({"stages": _stages({"backward": [1, 3]}, {})}, "recompute"),
+        ({"actions": [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1W0", "1I0"]]}, "rank 1: 1W0 comes before 1I0"),
+        ({"actions": [["0F0", "0F1", "0B0", "0B1", "1F0"], ["1I0", "1W0"]]}, "rank 0 lists 1F0 but stage 1 is on rank 1"),
     ],
-)
+)  # fmt: skip
 def test_bad_plans(files: Path, capsys: pytest.CaptureFixture[str], change: dict, match: str) -> None:  # type: ignore[type-arg]
     (files / "bad.json").write_text(json.dumps({**PLAN, **change}))
     code, _, err = _run(capsys, "simulate", str(files / "bad.json"))
     assert code == 1
     assert err.count("\n") == 1 and "error:" in err
-    import re
+    assert re.search(match, err.replace("\n", "")), err
 
-    assert re.search(match, err.replace("\n", ""))
+
+def test_a_split_backward_needs_the_profiles_input_and_weight_times(files: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    save_profile(uniform_profile(split=False), files / "prof.json")
+    (files / "split.json").write_text(json.dumps(PLAN))
+    code, _, err = _run(capsys, "simulate", str(files / "split.json"))
+    assert code == 1 and re.search("stage 1 uses I/W but layer 2 has no bwd_input_ms", err), err
 
 
 PROFILE_CHANGES = [
@@ -97,8 +128,6 @@ def test_bad_profiles(files: Path, capsys: pytest.CaptureFixture[str], mutate, m
     (files / "prof.json").write_text(json.dumps(prof))
     code, _, err = _run(capsys, "simulate", str(files / "plan.json"))
     assert code == 1
-    import re
-
     assert re.search(match, err.replace("\n", "")), err
 
 
@@ -106,7 +135,7 @@ def test_nan_time_rejected(files: Path, capsys: pytest.CaptureFixture[str]) -> N
     text = (files / "prof.json").read_text().replace('"fwd_ms": [\n        1.0', '"fwd_ms": [\n        NaN', 1)
     (files / "prof.json").write_text(text)
     code, _, err = _run(capsys, "simulate", str(files / "plan.json"))
-    assert code == 1 and "must be finite" in err
+    assert code == 1 and "NaN is not JSON" in err
 
 
 def test_show_writes_gantt_and_trace(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,6 +145,7 @@ def test_show_writes_gantt_and_trace(files: Path, capsys: pytest.CaptureFixture[
     trace = json.loads((files / "t.json").read_text())
     xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(xs) == 4 * 16 and max(e["ts"] + e["dur"] for e in xs) == pytest.approx(33_000)
+    assert {e["tid"] for e in xs} == {0, 1, 2, 3} and xs[0]["name"] == "0F0 [1]"
 
 
 def test_search_json(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,5 +158,61 @@ def test_search_json(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_search_bad_flag_value(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "search", "--profile", str(files / "prof.json"), "--stages", "9", "--batch", "8")
-    assert code == 1 and "stages = 9" in err
+    code, _, err = _run(capsys, "search", "--profile", str(files / "prof.json"), "--ranks", "9", "--batch", "8")
+    assert code == 1 and "ranks = 9" in err, err
+
+
+def test_export_pipelining_csv_and_torchtitan(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    code, out, err = _run(capsys, "export", str(files / "plan.json"), "--format", "pipelining-csv",
+                          "--out", str(files / "csv"))  # fmt: skip
+    assert code == 0, err
+    assert (files / "csv" / "schedule.csv").read_text().splitlines()[0].startswith("0F0,0F1,0F2,0F3,0B0")
+    code, out, err = _run(capsys, "export", str(files / "plan.json"), "--format", "torchtitan",
+                          "--out", str(files / "tt"), "--json")  # fmt: skip
+    assert code == 0, err
+    cfg = tomllib.loads((files / "tt" / "torchtitan.toml").read_text())
+    assert cfg["training"] == {"local_batch_size": 8}
+    assert cfg["parallelism"] == {"pipeline_parallel_degree": 4, "pipeline_parallel_microbatch_size": 1,
+                                  "module_fqns_per_model_part": [["l0"], ["l1"], ["l2"], ["l3"]],
+                                  "pipeline_parallel_schedule": "1F1B"}  # fmt: skip
+
+
+def test_export_of_an_unequal_plan_without_baselines_says_what_to_do(files: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    (files / "u.json").write_text(json.dumps({**PLAN, "stages": _stages({}, {"forward": [1, 3], "backward": [1, 3]}),
+                                              "actions": [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1F1", "1B0", "1B1"]]}))
+    code, _, err = _run(capsys, "export", str(files / "u.json"), "--format", "torchtitan", "--out", str(files / "o"))
+    assert code == 1 and "unequal microbatches" in err and "umsearch run" in err
+
+
+def test_search_then_export_takes_the_best_equal_baseline(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "search", "--profile", str(files / "prof.json"), "--ranks", "2", "--batch", "8",
+                        "--generations", "2", "--out", str(files / "res"), "--quiet")  # fmt: skip
+    assert code == 0, err
+    code, out, err = _run(capsys, "export", str(files / "res" / "plan.json"), "--format", "torchtitan",
+                          "--out", str(files / "tt"), "--json")  # fmt: skip
+    assert code == 0, err
+    assert (files / "tt" / "torchtitan.toml").exists()
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_the_demo_tables_fit_the_terminal(width: int, tmp_path: Path) -> None:
+    """`umsearch search` on the bundled default, rendered at 80 and 160 columns: no line is wider, and
+    no microbatch list folds onto a second line."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": str(width), "TERM": "xterm"}
+    done = subprocess.run([sys.executable, "-m", "umsearch", "search", "--time-budget", "5", "--out",
+                           str(tmp_path / "res")], capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= width
+    start = next(i for i, line in enumerate(lines) if line.startswith("stages"))
+    end = next(i for i, line in enumerate(lines) if i > start and line.startswith("└"))
+    rows = lines[start:end]
+    # One line per stage (stage and rank numbers in the first cells), nothing folded onto a second line.
+    assert all(re.match(r"^│\s+\d+ │\s+\d+ │", line) for line in rows if line.startswith("│"))

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from umsearch.cli.profile import profile_command
 from umsearch.core.errors import ProfilingError
-from umsearch.core.profile import profile_from_json
+from umsearch.core.profile import Link, profile_from_json
 from umsearch.measure.models import ModelSpec, build_model
 from umsearch.measure.profiler import saved_bytes
 
@@ -145,27 +147,32 @@ class _GradProbe(torch.nn.Linear):
         return super().forward(x)
 
 
+def _unit(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, first: bool, last: bool = False):  # type: ignore[no-untyped-def]
+    from umsearch.measure.burst import Unit
+
+    return Unit(module=module, x=x, y=y, loss=torch.nn.functional.mse_loss, first=first, last=last)
+
+
 @pytest.mark.parametrize("first", [True, False])
 def test_only_the_first_layer_gets_a_data_input(first: bool) -> None:
-    from umsearch.measure.profiler import measure_layer
+    from umsearch.measure.burst import burst
 
     probe = _GradProbe()
-    x, y = torch.randn(2, 4), torch.randn(2, 3)
-    f_ms, b_ms, out, _ = measure_layer(probe, x, False, torch.nn.functional.mse_loss, y,
-                                       torch.device("cpu"), 2, 1, first=first)  # fmt: skip
+    got = burst(_unit(probe, torch.randn(2, 4), torch.randn(2, 3), first=first), device=torch.device("cpu"),
+                in_flight=2, split=False)  # fmt: skip
     # Stage 0 gets data: no input gradient is computed (or timed); later layers get activations.
     assert probe.seen and set(probe.seen) == {not first}
-    assert f_ms > 0 and b_ms >= 0 and out.shape == (2, 3)
+    assert len(got["fwd"]) == 2 and all(t > 0 for t in got["fwd"]) and len(got["bwd"]) == 2
 
 
 def test_last_layer_stash_includes_what_the_loss_saves() -> None:
-    from umsearch.measure.profiler import measure_layer
+    from umsearch.measure.stash import saved_bytes
 
     b = 2
-    x, y = torch.randn(b, 5), torch.randn(b, 3)
+    x, y = torch.randn(b, 5, requires_grad=True), torch.randn(b, 3)
     lin = torch.nn.Linear(5, 3)
-    *_, last = measure_layer(lin, x, True, torch.nn.functional.mse_loss, y, torch.device("cpu"), 1, 0, first=False)  # fmt: skip
-    *_, inner = measure_layer(lin, x, False, torch.nn.functional.mse_loss, y, torch.device("cpu"), 1, 0, first=False)  # fmt: skip
+    _, inner = saved_bytes(lin, x)
+    _, last = saved_bytes(lin, x, lambda out: torch.nn.functional.mse_loss(out, y))
     # Linear keeps its input (b*5 floats); mse_loss keeps the output and the target (b*3 each).
     assert inner == b * 5 * 4
     assert last == b * (5 + 3 + 3) * 4
@@ -193,22 +200,68 @@ class _AliveCounter(torch.nn.Linear):
 
 
 def test_forwards_are_timed_with_earlier_graphs_alive_as_in_a_pipeline() -> None:
-    from umsearch.measure.profiler import IN_FLIGHT, measure_layer
+    from umsearch.measure.burst import burst
+    from umsearch.measure.profiler import IN_FLIGHT
 
     probe = _AliveCounter()
-    x, y = torch.randn(3, 4), torch.randn(3, 4)
-    f_ms, b_ms, _, _ = measure_layer(probe, x, False, torch.nn.functional.mse_loss, y,
-                                     torch.device("cpu"), 2, 1, first=False)  # fmt: skip
-    # Fewer repeats than IN_FLIGHT still keep IN_FLIGHT graphs, each then back-propagated and timed.
-    assert probe.most_alive >= IN_FLIGHT
+    got = burst(_unit(probe, torch.randn(3, 4), torch.randn(3, 4), first=False), device=torch.device("cpu"),
+                in_flight=IN_FLIGHT, split=True)  # fmt: skip
+    # Every forward's graph stays alive until the backwards, as on a pipeline stage; each is back-propagated.
+    assert probe.most_alive == IN_FLIGHT
+    # (a W seeded at the layer's own node passes its output hook again, so split ones count twice)
     assert probe.backwards >= IN_FLIGHT
-    assert f_ms > 0 and b_ms > 0
+    assert len(got["bwd"]) + len(got["bwd_input"]) == IN_FLIGHT and len(got["bwd_weight"]) == len(got["bwd_input"])
+    assert all(t > 0 for q in ("fwd", "bwd", "bwd_input", "bwd_weight") for t in got[q])
 
 
 def test_parameter_free_first_layer_has_no_backward() -> None:
-    from umsearch.measure.profiler import measure_layer
+    from umsearch.measure.burst import burst
 
-    x, y = torch.randn(3, 4), torch.randn(3, 4)
-    f_ms, b_ms, out, _ = measure_layer(torch.nn.Tanh(), x, False, torch.nn.functional.mse_loss, y,
-                                       torch.device("cpu"), 2, 1, first=True)  # fmt: skip
-    assert f_ms > 0 and b_ms == 0.0 and out.shape == (3, 4)
+    got = burst(_unit(torch.nn.Tanh(), torch.randn(3, 4), torch.randn(3, 4), first=True), device=torch.device("cpu"),
+                in_flight=2, split=True)  # fmt: skip
+    assert all(t > 0 for t in got["fwd"]) and set(got["bwd"] + got["bwd_input"] + got["bwd_weight"]) == {0.0}
+
+
+def test_isotonic_fit_never_decreases_and_keeps_the_raw_medians() -> None:
+    from umsearch.measure.fit import fit_curve
+
+    curve = fit_curve([[1.0, 1.2, 0.9], [3.0, 0.5, 0.6], [2.0, 2.1, 1.9], [4.0]])
+    assert curve.raw == (1.0, 0.6, 2.0, 4.0)
+    assert all(a <= b for a, b in zip(curve.fitted, curve.fitted[1:], strict=False))
+    # Sizes 1 and 2 violate the order: one block, the median of their six samples.
+    assert curve.fitted == (0.95, 0.95, 2.0, 4.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=5), min_size=1, max_size=8))
+def test_isotonic_fit_is_monotone(samples: list[list[float]]) -> None:
+    from umsearch.measure.fit import isotonic_median
+
+    fitted = isotonic_median(samples)
+    assert len(fitted) == len(samples) and all(a <= b for a, b in zip(fitted, fitted[1:], strict=False))
+
+
+def test_structurally_identical_layers_are_pooled() -> None:
+    from umsearch.measure.pooling import module_signature, pool_groups
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 8), torch.nn.Linear(4, 4)]
+    # Same types and shapes pool whatever the weights; another shape does not.
+    assert pool_groups([module_signature(m) for m in layers]) == [[0, 1, 3], [2]]
+
+
+def test_a_profile_of_identical_blocks_gives_identical_estimates() -> None:
+    from umsearch.measure.models import ModelSpec, build_model
+    from umsearch.measure.profiler import ProfileConfig, profile_model
+
+    spec = ModelSpec.from_json({"source": "mlp", "args": {"layers": 4, "width": 32}})
+    prof = profile_model(build_model(spec), spec, ProfileConfig(sizes=(1, 2, 4), repeats=3),
+                         link=Link(latency_ms=0.0, bandwidth_gb_per_s=1.0))  # fmt: skip
+    blocks = prof.layers[1:4]
+    assert all(lay.fwd_ms == blocks[0].fwd_ms and lay.bwd_ms == blocks[0].bwd_ms for lay in blocks)
+    assert [1, 2, 3] in prof.extra["pooled"]
+    for lay in prof.layers:
+        for curve in (lay.fwd_ms, lay.bwd_ms):
+            assert all(a <= b for a, b in zip(curve, curve[1:], strict=False))
+    assert prof.extra["quality"]["verdict"] in {"good", "noisy", "unjudged", "inconsistent"}
+    assert prof.extra["quality"]["message"]

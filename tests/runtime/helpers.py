@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
-from umsearch.core.plan import Plan, StagePlan
+from umsearch.core.actions import parse_actions
+from umsearch.core.plan import Plan, Stage, equal_split, placed_plan, validate_plan
+from umsearch.core.schedules import PEER_SCHEDULES, warmup_rule
 
 WIDTH = 6
 IN = 5
@@ -65,17 +67,36 @@ def reference_grads(model: TinyModel, batch: int, batch_seed: int) -> dict[str, 
     return {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
 
 
-def stages(*specs: tuple[tuple[int, int], Sequence[int], Sequence[int] | None, int]) -> tuple[StagePlan, ...]:
-    """Stage plans from ``(layers, forward, backward or None, warmup)``; recompute when backward is given."""
-    return tuple(
-        StagePlan(layers=lay, forward=tuple(fwd), backward=tuple(bwd if bwd is not None else fwd),
-                  warmup=w, recompute=bwd is not None)
-        for lay, fwd, bwd, w in specs
-    )  # fmt: skip
+Spec = tuple[tuple[int, int], Sequence[int], Sequence[int] | None, int]
+"""``(layers, forward, backward or None, warmup)``: one stage on its own rank (MODEL.md 6.1)."""
 
 
-def plan_of(batch: int, *specs: tuple[tuple[int, int], Sequence[int], Sequence[int] | None, int]) -> Plan:
-    return Plan(global_batch=batch, stages=stages(*specs))
+def plan_of(batch: int, *specs: Spec) -> Plan:
+    """Stage ``j`` on rank ``j``, ordered by the warmup rule; recompute when a backward list is given."""
+    stages = tuple(Stage(layers=lay, rank=j, forward=tuple(fwd), backward=tuple(bwd if bwd is not None else fwd),
+                         recompute=bwd is not None)
+                   for j, (lay, fwd, bwd, _) in enumerate(specs))  # fmt: skip
+    actions = tuple(warmup_rule(j, st.forward, st.backward, w) for j, (st, (_, _, _, w)) in
+                    enumerate(zip(stages, specs, strict=True)))  # fmt: skip
+    return validate_plan(Plan(global_batch=batch, ranks=len(stages), stages=stages, actions=actions))
+
+
+def placed(batch: int, cuts: Sequence[int], ranks_of: Sequence[int], forward: Sequence[Sequence[int]],
+           actions: Sequence[str], backward: Sequence[Sequence[int]] | None = None,
+           recompute: Sequence[bool] | None = None) -> Plan:  # fmt: skip
+    """A plan/2 from cut points, each stage's rank, its lists and every rank's actions as text."""
+    acts = [parse_actions(a) for a in actions]
+    return validate_plan(placed_plan(cuts, ranks_of, batch, forward, acts, backward, recompute))
+
+
+def peer_plan(name: str, ranks: int, stages_per_rank: int, microbatches: int, batch: int, layers: int) -> Plan:
+    """torch's schedule ``name`` with equal microbatches and layers split as evenly as possible."""
+    peer = PEER_SCHEDULES[name]
+    S = ranks * stages_per_rank
+    cuts = [round(j * layers / S) for j in range(S + 1)]
+    sizes = equal_split(batch, microbatches)
+    return validate_plan(placed_plan(cuts, peer.stage_ranks(ranks, stages_per_rank), batch, [sizes] * S,
+                                     peer.generate(ranks, stages_per_rank, microbatches)))  # fmt: skip
 
 
 class _Done:
@@ -103,27 +124,27 @@ class _Pending:
 
 
 class QueueHub:
-    """In-process stand-in for torch.distributed: one queue per (link, direction, tag)."""
+    """In-process stand-in for torch.distributed: one queue per (sender, receiver, tag)."""
 
-    def __init__(self, num_stages: int) -> None:
+    def __init__(self, ranks: int) -> None:
         self.queues: dict[tuple[int, int, int], queue.Queue[torch.Tensor]] = {}
         self.lock = threading.Lock()
-        self.barrier = threading.Barrier(num_stages)
+        self.barrier = threading.Barrier(ranks)
 
     def channel(self, src: int, dst: int, tag: int) -> queue.Queue[torch.Tensor]:
         with self.lock:
             return self.queues.setdefault((src, dst, tag), queue.Queue())
 
-    def comm(self, stage: int) -> QueueComm:
-        return QueueComm(self, stage)
+    def comm(self, rank: int) -> QueueComm:
+        return QueueComm(self, rank)
 
 
 class QueueComm:
-    """The :class:`umsearch.runtime.comm.Comm` of one stage on a :class:`QueueHub`."""
+    """The :class:`umsearch.runtime.comm.Comm` of one rank on a :class:`QueueHub`."""
 
-    def __init__(self, hub: QueueHub, stage: int) -> None:
-        self.hub, self.stage = hub, stage
-        self.sent: list[tuple[str, int, tuple[int, ...]]] = []
+    def __init__(self, hub: QueueHub, rank: int) -> None:
+        self.hub, self.rank = hub, rank
+        self.sent: list[tuple[int, int, tuple[int, ...]]] = []  # (dst, tag, shape)
         self.outstanding = 0  # receives posted and not yet waited for
         self.max_outstanding = 0
 
@@ -131,53 +152,56 @@ class QueueComm:
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def _peer(self, peer: str) -> int:
-        return self.stage + (1 if peer == "next" else -1)
-
-    def isend(self, peer: str, tensor: torch.Tensor, tag: int) -> _Done:
-        self.sent.append((peer, tag, tuple(tensor.shape)))
-        self.hub.channel(self.stage, self._peer(peer), tag).put(tensor.detach().clone())
+    def isend(self, dst: int, tensor: torch.Tensor, tag: int) -> _Done:
+        self.sent.append((dst, tag, tuple(tensor.shape)))
+        self.hub.channel(self.rank, dst, tag).put(tensor.detach().clone())
         return _Done()
 
-    def irecv(self, peer: str, buffer: torch.Tensor, tag: int) -> _Pending:
+    def irecv(self, src: int, buffer: torch.Tensor, tag: int) -> _Pending:
         self.outstanding += 1
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
-        return _Pending(self.hub.channel(self._peer(peer), self.stage, tag), buffer, self)
+        return _Pending(self.hub.channel(src, self.rank, tag), buffer, self)
 
     def barrier(self) -> None:
         self.hub.barrier.wait(timeout=30)
 
 
+def rank_modules(plan: Plan, model: TinyModel, rank: int) -> list[torch.nn.Sequential]:
+    """The stage modules rank ``rank`` holds, in stage order."""
+    from umsearch.runtime.factory import stage_module
+
+    return [stage_module(model, plan.stages[j].lo, plan.stages[j].hi) for j in plan.stages_of(rank)]
+
+
 def run_threaded(plan: Plan, model: TinyModel, batch_seed: int, steps: int = 1,
                  lr: float | None = None) -> tuple[dict[str, torch.Tensor], list[float | None], list[QueueComm]]:  # fmt: skip
-    """Run ``plan`` with one thread per stage on queues; (grads, losses per step, comms)."""
+    """Run ``plan`` with one thread per rank on queues; (grads, losses per step, comms)."""
     from umsearch.runtime.executor import StageExecutor
-    from umsearch.runtime.model import stage_module
 
-    S = plan.num_stages
-    hub = QueueHub(S)
-    comms = [hub.comm(s) for s in range(S)]
+    R = plan.ranks
+    hub = QueueHub(R)
+    comms = [hub.comm(r) for r in range(R)]
     grads: dict[str, torch.Tensor] = {}
     losses: list[float | None] = [None] * steps
     errors: list[BaseException] = []
 
-    def body(s: int) -> None:
+    def body(r: int) -> None:
         try:
-            st = plan.stages[s]
-            module = stage_module(model, st.lo, st.hi)
-            opt = torch.optim.SGD(module.parameters(), lr=lr) if lr is not None else None
-            ex = StageExecutor(plan, s, module, model.loss, comms[s], optimizer=opt)
+            modules = rank_modules(plan, model, r)
+            params = [p for m in modules for p in m.parameters()]
+            opt = torch.optim.SGD(params, lr=lr) if lr is not None and params else None
+            ex = StageExecutor(plan, r, modules, model.loss, comms[r], optimizer=opt)
             for step in range(steps):
                 x, y = model.make_batch(plan.global_batch, torch.Generator().manual_seed(batch_seed + step))
-                stats = ex.run_iteration(x if s == 0 else None, y if s == S - 1 else None)
-                if s == S - 1:
+                stats = ex.run_iteration(x if ex.needs_inputs else None, y if ex.needs_targets else None)
+                if ex.needs_targets:
                     losses[step] = stats.loss
-            grads.update({n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None})
+            grads.update({n: p.grad.clone() for m in modules for n, p in m.named_parameters() if p.grad is not None})
         except BaseException as exc:  # noqa: BLE001 - surfaced to the test below
             errors.append(exc)
             hub.barrier.abort()
 
-    threads = [threading.Thread(target=body, args=(s,)) for s in range(S)]
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(R)]
     for t in threads:
         t.start()
     for t in threads:
@@ -226,5 +250,4 @@ def zoo_two_stage_plan(spec: dict[str, Any] = MLP_SPEC, batch: int = 8) -> Plan:
 
     L = len(build_model(ModelSpec.from_json(spec)).layers)
     cut = L // 2
-    return Plan(global_batch=batch, stages=stages(((0, cut), [2, batch - 2], None, 2), ((cut, L), [4, batch - 4], None, 1)),
-                meta={"model": spec})  # fmt: skip
+    return plan_of(batch, ((0, cut), [2, batch - 2], None, 2), ((cut, L), [4, batch - 4], None, 1))

@@ -1,74 +1,101 @@
-"""Real torchrun processes over gloo: gradient and training equivalence, failures, timeouts.
+"""Real torchrun processes over gloo: gradients equal single-process training, the time limit, a
+deadlock stopped by the link timeout, and two "nodes" on this machine started with the command
+``umsearch run --print-launch`` prints.
 
-Every launch here goes through ``python -m torch.distributed.run`` and the
-entry point clusters use (:mod:`umsearch.runtime.torchrun`).
+Every launch goes through ``python -m torch.distributed.run`` and the entry
+point clusters use (:mod:`umsearch.runtime.torchrun`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
+import socket
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 
-from tests.runtime.helpers import (
-    failing_worker,
-    multi_plan_worker,
-    plan_of,
-    reference_grads,
-    sleeping_worker,
-    tiny_model,
-    zoo_two_stage_plan,
+from tests.contract import (
+    EXAMPLE3,
+    EXAMPLE4,
+    EXAMPLE5,
+    EXAMPLE5_DEADLOCK,
+    explicit_plan,
+    warmup_plan,
 )
+from umsearch.cli.run import run_command
 from umsearch.core.errors import RuntimeExecutionError
-from umsearch.core.plan import Plan, StagePlan, save_plan
+from umsearch.core.plan import Plan, save_plan
+from umsearch.measure.spec import BuiltModel
 from umsearch.runtime.config import LaunchConfig, RunConfig
-from umsearch.runtime.launch import launch
+from umsearch.runtime.launch import RankFailure, launch
 from umsearch.runtime.run import merge, run_plan
 
 pytestmark = pytest.mark.slow
 
-CFG = RunConfig(steps=1, seed=3, collect_grads=True, launch=LaunchConfig(timeout_s=60, run_timeout_s=120))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pythonpath() -> str:
+    """The checkout first (the tests' own modules are model builders and launch targets), then the caller's."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+IN, WIDTH, OUT = 5, 6, 3
+CFG = RunConfig(steps=1, seed=3, collect_grads=True, launch=LaunchConfig(timeout_s=60))
 SGD_CFG = replace(CFG, steps=3, lr=0.1)
 
-TWO_STAGE = [
-    plan_of(12, ((0, 3), [4, 8], None, 2), ((3, 6), [3, 3, 6], None, 3)),  # GPipe, unequal partitions
-    plan_of(12, ((0, 2), [2, 4, 6], None, 2), ((2, 6), [6, 6], None, 1)),  # 1F1B
-    plan_of(12, ((0, 4), [4, 8], [6, 6], 2), ((4, 6), [3, 9], [12], 2)),  # recompute, backward != forward
-    # GPipe over 12 one-sample messages: the sender runs far ahead of the receive window.
-    plan_of(12, ((0, 3), [1] * 12, None, 12), ((3, 6), [1] * 12, None, 12)),
-]
-THREE_STAGE = [
-    plan_of(12, ((0, 2), [4, 4, 4], None, 3), ((2, 4), [6, 6], None, 2), ((4, 6), [2, 4, 6], None, 1)),
-    plan_of(12, ((0, 1), [12], [5, 7], 1), ((1, 3), [3, 3, 3, 3], None, 4), ((3, 6), [4, 8], [1, 11], 2)),
-]
-SGD_PLAN = plan_of(12, ((0, 2), [1, 3, 8], None, 2), ((2, 6), [4, 4, 4], None, 1))  # unequal 1F1B
+
+def tiny_layers(layers: int = 4) -> tuple[list[torch.nn.Module], Any]:
+    """``layers`` float64 layers (Linear+Tanh blocks, a plain Linear last) and their batches; every
+    sample independent, so any split of the batch gives the full-batch gradient exactly. Usable as
+    ``--model tests.runtime.test_distributed:tiny_layers``."""
+    dims = [IN] + [WIDTH] * (layers - 1) + [OUT]
+    mods: list[torch.nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims, dims[1:], strict=False)):
+        lin = torch.nn.Linear(a, b).double()
+        mods.append(lin if i == layers - 1 else torch.nn.Sequential(lin, torch.nn.Tanh()))
+
+    def batch(b: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, IN, generator=g, dtype=torch.float64), torch.randn(b, OUT, generator=g, dtype=torch.float64)
+
+    return mods, batch
 
 
-def _reference_training(steps: int, lr: float, seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def tiny_model(layers: int = 4, seed: int = 0) -> BuiltModel:
+    torch.manual_seed(seed)
+    mods, batch = tiny_layers(layers)
+    return BuiltModel(mods, [f"l{i}" for i in range(layers)], batch, torch.nn.functional.mse_loss)
+
+
+def reference(layers: int, batch: int, cfg: RunConfig, steps: int = 1, lr: float = 0.0,
+              seed: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
     """Single-process SGD: the loss of every step and the gradients of the last one."""
-    ref = tiny_model(6)
-    net = torch.nn.Sequential(*ref.layers)
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
-    cfg = RunConfig(seed=seed)
+    model = tiny_model(layers, seed)
+    net = torch.nn.Sequential(*model.layers)
+    opt = torch.optim.SGD(net.parameters(), lr=lr or 1.0)
     losses = []
     for step in range(steps):
-        x, y = ref.make_batch(12, torch.Generator().manual_seed(cfg.batch_seed(step)))
+        x, y = model.make_batch(batch, torch.Generator().manual_seed(cfg.batch_seed(step)))
         opt.zero_grad()
-        loss = ref.loss(net(x), y)
+        loss = model.loss(net(x), y)
         loss.backward()
         losses.append(loss.item())
         if step < steps - 1:  # the runtime also steps after the last iteration; grads are from before it
             opt.step()
     return losses, {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
+
+
+def many_plans(rank: int, world: int, jobs: list[tuple[dict[str, Any], Any, RunConfig]]) -> list[Any]:
+    """Launch target: several plans in one set of processes (saves start-ups on a 2-core machine)."""
+    from umsearch.runtime.worker import stage_worker
+
+    return [stage_worker(rank, world, pj, factory, cfg) for pj, factory, cfg in jobs]
 
 
 def _assert_grads(got: dict[str, torch.Tensor] | None, want: dict[str, torch.Tensor]) -> None:
@@ -77,106 +104,124 @@ def _assert_grads(got: dict[str, torch.Tensor] | None, want: dict[str, torch.Ten
         torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("plans", [TWO_STAGE, THREE_STAGE], ids=["2-stage", "3-stage"])
-def test_gloo_gradients_and_sgd_equal_single_process(plans: list[Plan]) -> None:
-    jobs = [(p.to_json(), CFG) for p in plans]
-    if plans is TWO_STAGE:
-        jobs.append((SGD_PLAN.to_json(), SGD_CFG))
-    per_rank = launch(multi_plan_worker, plans[0].num_stages, (jobs, functools.partial(tiny_model, 6)), CFG.launch)
-    want = reference_grads(tiny_model(6), 12, CFG.batch_seed(0))
-    model = tiny_model(6)
-    x, y = model.make_batch(12, torch.Generator().manual_seed(CFG.batch_seed(0)))
-    want_loss = model.loss(torch.nn.Sequential(*model.layers)(x), y).item()
-    for i, plan in enumerate(plans):
+def _one_stage_per_rank(batch: int, *lists: tuple[list[int], list[int], int, bool], layers: int = 6) -> Plan:
+    plan = warmup_plan(batch, list(lists))
+    cuts = [round(j * layers / len(lists)) for j in range(len(lists) + 1)]
+    return replace(plan, stages=tuple(replace(s, layers=(cuts[j], cuts[j + 1])) for j, s in enumerate(plan.stages)))
+
+
+def _on_layers(plan: Plan, layers: int) -> Plan:
+    """The same schedule with its stages cut evenly from ``layers`` layers."""
+    n = plan.num_stages
+    cuts = [round(j * layers / n) for j in range(n + 1)]
+    return replace(plan, stages=tuple(replace(s, layers=(cuts[j], cuts[j + 1])) for j, s in enumerate(plan.stages)))
+
+
+PLANS = {
+    "gpipe-unequal": _one_stage_per_rank(12, ([4, 8], [4, 8], 2, False), ([3, 3, 6], [3, 3, 6], 3, False)),
+    "1f1b-unequal": _one_stage_per_rank(12, ([2, 4, 6], [2, 4, 6], 2, False), ([6, 6], [6, 6], 1, False)),
+    "recompute": _one_stage_per_rank(12, ([4, 8], [6, 6], 2, True), ([3, 9], [12], 2, True)),
+    "one-sample-messages": _one_stage_per_rank(12, ([1] * 12, [1] * 12, 12, False), ([1] * 12, [1] * 12, 12, False)),
+    "interleaved": _on_layers(EXAMPLE3, 8),
+    "zbv-iw": _on_layers(EXAMPLE4, 8),
+    "unequal-interleaved": _on_layers(EXAMPLE5, 8),
+}
+
+
+def test_plan2_gradients_and_sgd_equal_single_process() -> None:
+    jobs: list[tuple[dict[str, Any], Any, RunConfig]] = []
+    for plan in PLANS.values():
+        jobs.append((plan.to_json(), functools.partial(tiny_model, plan.num_layers), CFG))
+    sgd_plan = PLANS["1f1b-unequal"]
+    jobs.append((sgd_plan.to_json(), functools.partial(tiny_model, 6), SGD_CFG))
+    per_rank = launch(many_plans, 2, (jobs,), CFG.launch)
+    for i, (name, plan) in enumerate(PLANS.items()):
         result = merge([reports[i] for reports in per_rank])
+        losses, want = reference(plan.num_layers, plan.global_batch, CFG)
         _assert_grads(result.grads, want)
-        assert result.steps[0].loss == pytest.approx(want_loss, rel=1e-12)
-        ops = result.steps[0].ops
-        assert len(ops) == sum(len(st.forward) + len(st.backward) for st in plan.stages)
-        assert result.steps[0].iteration_ms == max(op.end_ms for op in ops)
-        # One thread per rank and enough cores: every rank runs on a core of its own.
-        cpus = [c for c in result.cpus if c is not None]
-        if len(os.sched_getaffinity(0)) >= plan.num_stages and cpus:
-            assert all(len(c) == 1 for c in cpus) and len({c[0] for c in cpus}) == len(cpus)
-    if plans is TWO_STAGE:
-        # Three SGD steps of an unequal 2-stage plan = three steps of single-process training.
-        sgd = merge([reports[-1] for reports in per_rank])
-        losses, grads = _reference_training(SGD_CFG.steps, SGD_CFG.lr, SGD_CFG.seed)
-        assert [s.loss for s in sgd.steps] == pytest.approx(losses, rel=1e-12)
-        _assert_grads(sgd.grads, grads)
+        assert result.steps[0].loss == pytest.approx(losses[0], rel=1e-12), name
+        records = result.steps[0].records
+        assert sorted(str(a.label) for a in records) == sorted(str(a) for acts in plan.actions for a in acts)
+        assert result.steps[0].iteration_ms == max(a.end_ms for a in records)
+    # Three SGD steps of an unequal plan = three steps of single-process training.
+    sgd = merge([reports[-1] for reports in per_rank])
+    losses, grads = reference(6, 12, SGD_CFG, steps=SGD_CFG.steps, lr=SGD_CFG.lr)
+    assert [s.loss for s in sgd.steps] == pytest.approx(losses, rel=1e-12)
+    _assert_grads(sgd.grads, grads)
 
 
-def test_failing_rank_stops_the_run_with_its_error() -> None:
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeExecutionError, match="^stage 1 failed: ValueError: boom on rank 1") as info:
-        launch(failing_worker, 2, (1,), LaunchConfig(timeout_s=60, run_timeout_s=60))
-    # The sibling blocked in recv was stopped, not waited for until the 60 s timeouts.
-    assert time.monotonic() - t0 < 30
-    # One line; a sibling that saw the connection drop may be counted after it.
-    assert str(info.value) in ("stage 1 failed: ValueError: boom on rank 1",
-                               "stage 1 failed: ValueError: boom on rank 1 (1 other stage(s) failed after it)")  # fmt: skip
-    assert any("boom on rank 1" in note for note in getattr(info.value, "__notes__", []))  # the rank's traceback
+def sleeping(rank: int, world: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return rank
 
 
-def test_run_time_limit_kills_a_stuck_run(tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeExecutionError, match=r"longer than 4 s; stage\(s\) 0, 1 still running"):
-        launch(sleeping_worker, 2, (600, str(tmp_path)), LaunchConfig(run_timeout_s=4))
-    assert time.monotonic() - t0 < 40
-    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
-    assert len(pids) == 2
-    for pid in pids:  # no rank outlives the launch
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-
-
-MODEL_MD_DEADLOCK = Plan(
-    global_batch=8,
-    stages=(
-        StagePlan(layers=(0, 2), forward=(1, 3, 4), backward=(2, 6), warmup=1, recompute=True),
-        StagePlan(layers=(2, 4), forward=(4, 4), backward=(8,), warmup=2, recompute=True),
-    ),
-)
+def test_the_time_limit_counts_from_when_the_ranks_started() -> None:
+    """Start-up (imports, rendezvous: seconds on a loaded machine) is not part of the limit: a run
+    shorter than the limit passes however slowly it started, a stuck one is stopped."""
+    assert launch(sleeping, 2, (1.0,), LaunchConfig(run_timeout_s=6)) == [0, 1]
+    with pytest.raises(RuntimeExecutionError, match=r"^the run was still going 2 s after its ranks started; "
+                                                    r"rank\(s\) 0, 1 still running were stopped"):  # fmt: skip
+        launch(sleeping, 2, (600,), LaunchConfig(run_timeout_s=2))
 
 
 def test_link_timeout_stops_a_deadlocked_run() -> None:
-    """Forced past the checks, MODEL.md's deadlocking plan fails after --timeout, not after 30 minutes."""
-    cfg = RunConfig(steps=1, check=False, launch=LaunchConfig(timeout_s=3, run_timeout_s=90))
+    """Forced past the checks, MODEL.md's deadlocking plan fails after --timeout, naming a rank."""
+    cfg = RunConfig(steps=1, check=False, launch=LaunchConfig(timeout_s=3))
     t0 = time.monotonic()
-    with pytest.raises(RuntimeExecutionError) as info:
-        run_plan(MODEL_MD_DEADLOCK, functools.partial(tiny_model, 4), cfg)
-    # Stage 0 waits for the gradients of its first backward, stage 1 for activations of its second forward.
-    assert str(info.value).startswith(("stage 0 gave up waiting for gradient message 0 from stage 1, "
-                                       "needed by backward microbatch 0: Timed out",
-                                       "stage 1 gave up waiting for activation message 2 from stage 0, "
-                                       "needed by forward microbatch 1: Timed out"))  # fmt: skip
-    assert time.monotonic() - t0 < 60
+    with pytest.raises(RankFailure, match=r"^rank [01]"):
+        run_plan(_on_layers(EXAMPLE5_DEADLOCK, 4), functools.partial(tiny_model, 4), cfg)
+    assert time.monotonic() - t0 < 90
 
 
-def _torchrun(tmp_path: Path, plan: Plan) -> subprocess.CompletedProcess[str]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_nodes_on_this_machine_run_the_printed_command(tmp_path: Path) -> None:
+    """Two torchrun launchers (one rank each) meet at a c10d rendezvous on 127.0.0.1, running the
+    line ``--print-launch`` printed, unchanged; rank 0's report carries gradients equal to
+    single-process training."""
+    plan = explicit_plan(8, [0, 1], [[2, 6], [4, 4]], ["0F0 0F1 0B0 0B1", "1F0 1F1 1B0 1B1"], layers_per_stage=2)
     save_plan(plan, tmp_path / "plan.json")
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-         "umsearch.runtime.torchrun", str(tmp_path / "plan.json"), "--steps=2", "--backend=gloo", "--threads=1"],
-        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-
-
-def test_torchrun_entry_point_on_a_cluster_command(tmp_path: Path) -> None:
-    """The command ``umsearch run --print-launch`` prints, run here with torchrun --standalone."""
-    done = _torchrun(tmp_path, zoo_two_stage_plan())
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "found in sys.modules" not in done.stderr
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [r["step"] for r in rows] == [0, 1]
-    assert all(math.isfinite(r["loss"]) and r["iteration_ms"] > 0 for r in rows)
+    out = tmp_path / "report.json"
+    args = [str(tmp_path / "plan.json"), "--print-launch", "--nnodes", "2", "--rdzv-endpoint",
+            f"127.0.0.1:{_free_port()}", "--model", "tests.runtime.test_distributed:tiny_layers", "--arg",
+            "layers=4", "--steps", "2", "--seed", "3", "--grads", "--out", str(out), "--timeout", "120"]  # fmt: skip
+    lines = []
+    for node in ("0", "1"):
+        res = CliRunner().invoke(run_command, [*args, "--node-rank", node])
+        assert res.exit_code == 0, res.output
+        lines.append(res.stdout.strip().splitlines()[-1])
+    assert lines[0] == lines[1]
+    (tmp_path / "tmp").mkdir()
+    # TMPDIR: torchrun keeps its log folder there; the test's own, not the machine's /tmp.
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": _pythonpath(),
+           "TMPDIR": str(tmp_path / "tmp")}  # fmt: skip
+    nodes = [subprocess.Popen(["bash", "-c", line], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for line in lines]  # fmt: skip
+    outputs = [n.communicate(timeout=400) for n in nodes]
+    for n, (_, err) in zip(nodes, outputs, strict=True):
+        assert n.returncode == 0, err[-3000:]
+    rows = [json.loads(ln) for o, _ in outputs for ln in o.splitlines() if ln.startswith("{")]
+    assert [r["step"] for r in rows] == [0, 1]  # printed once, by rank 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "umsearch.run/1" and len(doc["steps"]) == 2
+    cfg = RunConfig(seed=3)
+    losses, want = reference(4, 8, cfg, steps=2, lr=cfg.lr, seed=3)
+    assert [s["loss"] for s in doc["steps"]] == pytest.approx(losses, rel=1e-12)
+    got = {k: torch.tensor(v["values"], dtype=torch.float64).reshape(v["shape"]) for k, v in doc["grads"].items()}
+    _assert_grads(got, want)
 
 
 def test_torchrun_entry_point_refuses_a_deadlocking_plan(tmp_path: Path) -> None:
-    plan = zoo_two_stage_plan()
-    L = plan.stages[-1].hi
-    s0, s1 = MODEL_MD_DEADLOCK.stages
-    bad = replace(plan, stages=(replace(s0, layers=(0, 2)), replace(s1, layers=(2, L))))
-    done = _torchrun(tmp_path, bad)
+    save_plan(_on_layers(EXAMPLE5_DEADLOCK, 4), tmp_path / "plan.json", model={"source": "mlp", "args": {"layers": 3}})
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "torchrun"), "--standalone", "--nproc-per-node=2", "-m",
+         "umsearch.runtime.torchrun", str(tmp_path / "plan.json"), "--steps=1"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath(), "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
     assert done.returncode != 0
-    assert "umsearch: stage 0: the plan deadlocks" in done.stderr
+    assert "umsearch: rank 0: the plan deadlocks" in done.stderr

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from random import Random
+
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from umsearch.core.samples import all_overlaps
 from umsearch.core.samples import chunk_overlaps as pieces
-from umsearch.runtime.messages import assemble, last_use, releases
+from umsearch.runtime.messages import assemble, releases
 
 
 def test_pieces_split_and_join() -> None:
@@ -17,11 +20,13 @@ def test_pieces_split_and_join() -> None:
     assert pieces([4, 8], [3, 3, 6], 2) == [(1, 2, 6)]
 
 
-def test_last_use_and_releases() -> None:
-    assert last_use([4, 8], [3, 3, 6]) == [1, 2]
-    assert releases([4, 8], [3, 3, 6]) == [[], [0], [1]]
+def test_releases_follow_the_reading_order() -> None:
+    parts = all_overlaps([4, 8], [3, 3, 6])
+    assert releases(parts, [0, 1, 2], 2) == [[], [0], [1]]
+    # Read last-first, message 1 is dropped after microbatch 1 (its last reader), message 0 after 0.
+    assert releases(parts, [2, 1, 0], 2) == [[0], [1], []]
     # One big message feeds every receiver microbatch: released after the last.
-    assert releases([12], [2, 4, 6]) == [[], [], [0]]
+    assert releases(all_overlaps([12], [2, 4, 6]), [0, 1, 2], 1) == [[], [], [0]]
 
 
 def test_assemble_whole_message_is_the_buffer_itself() -> None:
@@ -45,13 +50,19 @@ def _sizes(cuts: list[int], total: int) -> list[int]:
     return [b - a for a, b in zip(edges, edges[1:], strict=False)]
 
 
-@given(st.integers(1, 20).flatmap(lambda n: st.tuples(_partition(n), _partition(n))))
-def test_assembly_reproduces_every_sample_in_order(parts: tuple[list[int], list[int]]) -> None:
+@given(st.integers(1, 20).flatmap(lambda n: st.tuples(_partition(n), _partition(n))), st.randoms())
+def test_assembly_reproduces_every_sample_in_order(parts: tuple[list[int], list[int]], rnd: Random) -> None:
     sender, receiver = parts
     data = torch.arange(float(sum(sender)))
     bufs = dict(enumerate(torch.split(data, sender)))
     rebuilt = torch.cat([assemble(bufs, pieces(sender, receiver, i)) for i in range(len(receiver))])
     assert torch.equal(rebuilt, data)
     # Every message is released exactly once, at its last reader.
-    released = [m for rel in releases(sender, receiver) for m in rel]
-    assert sorted(released) == list(range(len(sender)))
+    order = list(range(len(receiver)))
+    rnd.shuffle(order)
+    rel = releases(all_overlaps(sender, receiver), order, len(sender))
+    assert sorted(m for r in rel for m in r) == list(range(len(sender)))
+    # ... and never before a later reader has used it.
+    for pos, k in enumerate(order):
+        later = {m for j in order[pos + 1:] for m, _, _ in all_overlaps(sender, receiver)[j]}
+        assert not later & set(rel[k])

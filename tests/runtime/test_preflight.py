@@ -1,71 +1,110 @@
-"""Plans that cannot run are refused before any process starts, and again in every rank."""
+"""Plans that cannot run are refused before any process starts, and again in every rank; which
+model a plan runs, and the slices its stages keep."""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
 
-from tests.runtime.helpers import TinyModel, plan_of, tiny_model
-from umsearch.core.errors import PlanError
-from umsearch.core.plan import Plan, StagePlan
-from umsearch.runtime.config import RunConfig
-from umsearch.runtime.model import plan_model_spec, spec_factory
-from umsearch.runtime.preflight import check_deadlock, check_model, count_layers, preflight
-from umsearch.runtime.run import run_plan
-from umsearch.runtime.worker import stage_worker
-
-MODEL_MD_DEADLOCK = Plan(
-    global_batch=8,
-    stages=(
-        StagePlan(layers=(0, 2), forward=(1, 3, 4), backward=(2, 6), warmup=1, recompute=True),
-        StagePlan(layers=(2, 4), forward=(4, 4), backward=(8,), warmup=2, recompute=True),
-    ),
+from tests.contract import (
+    EXAMPLE2,
+    EXAMPLE3,
+    EXAMPLE4,
+    EXAMPLE5,
+    EXAMPLE5_DEADLOCK,
+    example1,
+    unit_profile,
+)
+from tests.strategies import plans, uniform_profile
+from umsearch.core.cost import CostModel
+from umsearch.core.deps import find_deadlock
+from umsearch.core.errors import ModelSpecError, PlanError
+from umsearch.core.plan import Plan, save_plan
+from umsearch.core.profile import save_profile
+from umsearch.measure.spec import BuiltModel
+from umsearch.runtime.config import ModelChoice
+from umsearch.runtime.factory import (
+    require_trusted,
+    resolve_plan,
+    spec_factory,
+    stage_module,
+    user_model,
+)
+from umsearch.runtime.preflight import (
+    check_deadlock,
+    check_model,
+    count_layers,
+    preflight,
+    rank_preflight,
 )
 
 
-def tiny_model_4() -> TinyModel:
-    return tiny_model(4)
+def _linear_model(layers: int, batch_extra: int = 0) -> BuiltModel:
+    mods: list[torch.nn.Module] = [torch.nn.Linear(3, 3) for _ in range(layers)]
+
+    def batch(b: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b + batch_extra, 3, generator=g), torch.randn(b, 3, generator=g)
+
+    return BuiltModel(mods, [f"l{i}" for i in range(layers)], batch, torch.nn.functional.mse_loss)
 
 
-def test_model_md_deadlock_is_refused() -> None:
-    with pytest.raises(PlanError, match="deadlocks .*stage 0 waits"):
-        check_deadlock(MODEL_MD_DEADLOCK)
-    # run_plan refuses it before launching anything.
+@pytest.mark.parametrize("plan", [EXAMPLE2, EXAMPLE5_DEADLOCK], ids=["example2", "example5-moved"])
+def test_model_md_deadlocks_are_refused_naming_every_stuck_rank(plan: Plan) -> None:
+    with pytest.raises(PlanError, match="^the plan deadlocks") as info:
+        check_deadlock(plan)
+    for line in find_deadlock(plan):
+        assert line in str(info.value)
+    assert "rank 0 is stuck at" in str(info.value) or "rank 1 is stuck at" in str(info.value)
     with pytest.raises(PlanError, match="deadlocks"):
-        run_plan(MODEL_MD_DEADLOCK, tiny_model_4)
+        preflight(plan)  # no model, no profile needed
 
 
-def test_a_rank_checks_the_plan_before_talking_to_peers() -> None:
-    """stage_worker (what every torchrun rank runs) refuses without a process group."""
-    with pytest.raises(PlanError, match="deadlocks"):
-        stage_worker(0, 2, MODEL_MD_DEADLOCK.to_json(), tiny_model_4, RunConfig(steps=1))
-    with pytest.raises(PlanError, match=r"covers layers \[0, 4\) but the model has 6 layers"):
-        stage_worker(1, 2, MODEL_MD_DEADLOCK.to_json(), functools.partial(tiny_model, 6), RunConfig(steps=1))
+@pytest.mark.parametrize("plan", [example1("gpipe"), example1("1f1b"), EXAMPLE3, EXAMPLE4, EXAMPLE5])
+def test_model_md_plans_pass(plan: Plan) -> None:
+    preflight(plan, functools.partial(_linear_model, plan.num_layers), CostModel(unit_profile(plan.num_layers)))
+    rank_preflight(plan, _linear_model(plan.num_layers))
 
 
-def test_layer_count_mismatch() -> None:
-    with pytest.raises(PlanError, match=r"covers layers \[0, 3\) but the model has 4 layers"):
-        check_model(plan_of(8, ((0, 2), [8], None, 1), ((2, 3), [8], None, 1)), tiny_model(4))
-    with pytest.raises(PlanError, match=r"covers layers \[0, 3\) but the model has 4 layers"):
-        preflight(plan_of(8, ((0, 2), [8], None, 1), ((2, 3), [8], None, 1)), tiny_model_4)
+@settings(max_examples=40, deadline=None)
+@given(plans(num_layers=4))
+def test_the_deadlock_check_is_the_action_lists_alone(plan: Plan) -> None:
+    """No profile and no timing: refused exactly when find_deadlock finds a stuck rank."""
+    if find_deadlock(plan):
+        with pytest.raises(PlanError, match="deadlocks"):
+            check_deadlock(plan)
+    else:
+        check_deadlock(plan)
 
 
-def test_make_batch_mismatch() -> None:
-    good = tiny_model(2)
-    bad = TinyModel(good.layers, lambda b, g: (torch.zeros(b + 1, 5), torch.zeros(b, 3)), good.loss)
-    with pytest.raises(PlanError, match=r"make_batch\(8\) returns inputs of shape \(9, 5\)"):
-        check_model(plan_of(8, ((0, 2), [8], None, 1)), bad)
+def test_the_profile_check_covers_layers_and_the_iw_split() -> None:
+    with pytest.raises(PlanError, match=r"covers layers \[0, 4\) but the profile has 6 layers"):
+        preflight(EXAMPLE4, None, CostModel(unit_profile(6)))
+    with pytest.raises(PlanError, match="stage 0 uses I/W but layer 0 has no bwd_input_ms"):
+        preflight(EXAMPLE4, None, CostModel(unit_profile(4, split=False)))
+    preflight(EXAMPLE3, None, CostModel(unit_profile(4, split=False)))  # no I/W: no split needed
+
+
+def test_layer_count_and_batch_mismatch() -> None:
+    with pytest.raises(PlanError, match=r"covers layers \[0, 4\) but the model has 5 layers"):
+        check_model(EXAMPLE3, _linear_model(5))
+    with pytest.raises(PlanError, match=r"covers layers \[0, 4\) but the model has 5 layers"):
+        preflight(EXAMPLE3, functools.partial(_linear_model, 5))
+    with pytest.raises(PlanError, match=r"make_batch\(4\) returns inputs of shape \(5, 3\)"):
+        rank_preflight(EXAMPLE3, _linear_model(4, batch_extra=1))
 
 
 built_on: list[str] = []
 
 
-def _recording_factory(readable: bool) -> TinyModel:
+def _recording_factory(readable: bool) -> BuiltModel:
     """A 3-layer model that notes the device it was built on; ``readable`` reads a weight's value."""
-    model = tiny_model(3)
+    model = _linear_model(3)
     weight = next(model.layers[0].parameters())
     built_on.append(weight.device.type)
     if readable:
@@ -82,23 +121,78 @@ def test_count_layers_builds_on_meta_and_falls_back() -> None:
     assert built_on == ["meta", "cpu"]
 
 
-def _plan_with(model: Any) -> Plan:
-    return Plan(global_batch=8, stages=plan_of(8, ((0, 2), [8], None, 1)).stages, meta={"model": model})
+def test_stage_modules_keep_global_layer_names() -> None:
+    model = _linear_model(4)
+    names = [n for n, _ in stage_module(model, 1, 3).named_parameters()]
+    assert names == ["1.weight", "1.bias", "2.weight", "2.bias"]
 
 
-def test_plan_model_spec_errors_name_the_fix() -> None:
-    with pytest.raises(PlanError, match="names no model"):
-        plan_model_spec(plan_of(8, ((0, 2), [8], None, 1)))
-    assert plan_model_spec(_plan_with({"source": "mlp", "args": {"layers": 1}})) == {"source": "mlp", "args": {"layers": 1}}
+# ---------------------------------------------------------------------------
+# Which model, under which rule
+# ---------------------------------------------------------------------------
+
+
+def _plan_file(tmp: Path, **meta: Any) -> Path:
+    plan = replace(EXAMPLE5, stages=tuple(replace(s, layers=(j, j + 1)) for j, s in enumerate(EXAMPLE5.stages)))
+    return save_plan(plan, tmp / "plan.json", **meta)
+
+
+def test_the_plans_own_zoo_model_is_trusted(tmp_path: Path) -> None:
+    loaded = resolve_plan(_plan_file(tmp_path, model={"source": "mlp", "args": {"layers": 3}}), ModelChoice())
+    spec = require_trusted(loaded)
+    assert (spec.source, spec.args, spec.trusted) == ("mlp", {"layers": 3}, True)
+
+
+def test_a_files_user_model_needs_the_user(tmp_path: Path) -> None:
+    path = _plan_file(tmp_path, model={"source": "pkg.mod:build", "args": {"n": 2}})
+    with pytest.raises(ModelSpecError, match="not a zoo model: building it would import and run"):
+        require_trusted(resolve_plan(path, ModelChoice()))
+    trusted = require_trusted(resolve_plan(path, ModelChoice(trust_model_code=True)))
+    assert (trusted.source, trusted.args) == ("pkg.mod:build", {"n": 2})
+    # Named again on the command line: trusted, and without --arg the file's arguments are kept.
+    named = require_trusted(resolve_plan(path, ModelChoice(model="pkg.mod:build")))
+    assert (named.source, named.args, named.trusted) == ("pkg.mod:build", {"n": 2}, True)
+    # With --arg, the user's arguments, and only those.
+    argued = require_trusted(resolve_plan(path, ModelChoice(model="pkg.mod:build", model_args=("m=1.5",))))
+    assert argued.args == {"m": 1.5}
+    # Another model: the file's arguments are not carried over.
+    other = require_trusted(resolve_plan(path, ModelChoice(model="gpt")))
+    assert (other.source, other.args) == ("gpt", {})
+
+
+def test_a_profiles_model_spec_is_used_under_the_same_rule(tmp_path: Path) -> None:
+    prof = replace(uniform_profile(layers=4), extra={"model_spec": {"source": "pkg.mod:build", "args": {}}})
+    save_profile(prof, tmp_path / "prof.json")
+    path = _plan_file(tmp_path, profile="prof.json")
+    with pytest.raises(ModelSpecError, match="not a zoo model"):
+        require_trusted(resolve_plan(path, ModelChoice()))
+    assert require_trusted(resolve_plan(path, ModelChoice(trust_model_code=True))).source == "pkg.mod:build"
+
+
+def test_model_errors_name_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="names no model to run .*--model"):
+        require_trusted(resolve_plan(_plan_file(tmp_path), ModelChoice()))
     with pytest.raises(PlanError, match=r"'model' must be an object with a 'source' string and 'args', got 'gpt'"):
-        plan_model_spec(_plan_with("gpt"))
-    with pytest.raises(PlanError, match="has 'args' 3, not an object"):
-        plan_model_spec(_plan_with({"source": "gpt", "args": 3}))
+        resolve_plan(_plan_file(tmp_path, model="gpt"), ModelChoice())
+    with pytest.raises(ModelSpecError, match="--arg 'layers=2' needs --model"):
+        user_model(ModelChoice(model_args=("layers=2",)))
+    with pytest.raises(ModelSpecError, match="--model names 'nosuch', which is no zoo model"):
+        user_model(ModelChoice(model="nosuch"))
 
 
 def test_bad_model_args_point_at_the_plan() -> None:
-    factory = spec_factory({"source": "mlp", "args": {"depth": 3}})
-    with pytest.raises(PlanError, match=r"cannot build the plan's model 'mlp': bad argument .*'depth'.*it takes "
-                                        r"layers, width, inputs, classes; fix the plan's 'model' entry") as info:  # fmt: skip
+    factory = spec_factory(user_model(ModelChoice(model="mlp", model_args=("depth=3",))))  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match=r"cannot build the model 'mlp': bad argument .*'depth'.*fix the plan's "
+                                        r"'model' entry") as info:  # fmt: skip
         count_layers(factory)
     assert "umsearch profile" not in str(info.value)
+
+
+def exploding(**kwargs: Any) -> Any:
+    raise RuntimeError("model code broke [/x/y.py:1]")
+
+
+def test_a_user_models_own_failure_is_one_domain_error() -> None:
+    factory = spec_factory(user_model(ModelChoice(model=f"{__name__}:exploding")))  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match=r"building the model '.*:exploding' failed: RuntimeError: model code broke"):
+        factory()

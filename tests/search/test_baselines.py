@@ -6,6 +6,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.strategies import uniform_profile
 from umsearch.core.cost import CostModel
@@ -65,15 +67,30 @@ def test_zero_bubble_needs_the_split() -> None:
     assert base["1F1B"] is not None
 
 
+def _bottleneck(work: np.ndarray, cuts: tuple[int, ...]) -> float:
+    return max(float(work[b] - work[a]) for a, b in itertools.pairwise(cuts))
+
+
 def test_balanced_cuts_is_the_exact_bottleneck() -> None:
     profile = bimodal_profile(layers=7)
     tables = CostModel(profile).tables(8)
     work = stage_work(tables, 4)
-    for S in (1, 2, 3, 4):
+    for S in (1, 2, 3, 4, 7):
         dp = balanced_cuts(work, S)
-        brute = min(all_cuts(7, S), key=lambda c: max(work[a, b] for a, b in itertools.pairwise(c)))
-        assert max(work[a, b] for a, b in itertools.pairwise(dp)) == pytest.approx(
-            max(work[a, b] for a, b in itertools.pairwise(brute)))
+        brute = min(all_cuts(7, S), key=lambda c: _bottleneck(work, c))
+        assert len(dp) == S + 1 and dp[0] == 0 and dp[-1] == 7 and all(a < b for a, b in itertools.pairwise(dp))
+        assert _bottleneck(work, dp) == pytest.approx(_bottleneck(work, brute))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5, 10.0]), min_size=1, max_size=9), st.integers(1, 9))
+def test_balanced_cuts_matches_brute_force(weights: list[float], stages: int) -> None:
+    stages = min(stages, len(weights))
+    work = np.concatenate([[0.0], np.cumsum(weights)])
+    dp = balanced_cuts(work, stages)
+    brute = min(all_cuts(len(weights), stages), key=lambda c: _bottleneck(work, c))
+    assert all(a < b for a, b in itertools.pairwise(dp)) and len(dp) == stages + 1
+    assert _bottleneck(work, dp) == pytest.approx(_bottleneck(work, brute))
 
 
 def test_descent_reaches_a_local_optimum() -> None:
@@ -91,3 +108,25 @@ def test_large_spaces_say_their_partition_is_a_local_optimum() -> None:
     b = baselines(space, rules, score, tables)["Interleaved1F1B"]
     assert b is not None and "local optimum" in b.method and "fastest counts" in b.method
     encode(b.plan)  # a valid plan
+
+
+def test_a_spent_budget_stops_refining_and_every_peer_is_reported() -> None:
+    profile = bimodal_profile(layers=32)
+    space, rules, score, tables = _setup(profile, ranks=4, global_batch=32, stages_per_rank=[2],
+                                         peers=["Interleaved1F1B", "LoopedBFS"])  # fmt: skip
+    asked: list[int] = []
+    ticks: list[tuple[int, int]] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return True
+
+    out = baselines(space, rules, score, tables, stop=stop, tick=lambda d, t: ticks.append((d, t)))
+    assert asked and ticks == [(1, 3), (2, 3), (3, 3)]
+    for name in ("Interleaved1F1B", "LoopedBFS"):
+        b = out[name]
+        assert b is not None and "cut short by the time budget" in b.method
+        encode(b.plan)
+    # Cut short, a baseline is never better than the refined one.
+    full = baselines(space, rules, score, tables)["Interleaved1F1B"]
+    assert full is not None and full.iteration_ms <= out["Interleaved1F1B"].iteration_ms  # type: ignore[union-attr]

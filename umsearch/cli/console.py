@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.text import Text
+
+from umsearch.core.errors import UmsearchError
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -17,7 +21,27 @@ def debug_enabled() -> bool:
     return os.environ.get("UMSEARCH_DEBUG", "") not in ("", "0")
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line (runs of whitespace, newlines included, become one space)."""
+    return " ".join(str(text).split())
+
+
 def abort(message: str, code: int = 1) -> NoReturn:
     """Print one red line to stderr and exit with ``code``: the CLI's only failure path."""
-    err_console.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    # Text, not markup: messages quote paths and rank errors ("runs/[/b].json", "[/.../pair.cc:553]")
+    # that rich would parse as tags.
+    err_console.print(Text.assemble(("error:", "bold red"), " ", one_line(message)), soft_wrap=True)
     sys.exit(code)
+
+
+class OutputError(UmsearchError):
+    """An output file or folder cannot be written."""
+
+
+def write_output(path: str, flag: str, write: Callable[[str], Any]) -> None:
+    """``write(path)`` (an atomic writer), with a failure as one line and nothing partial left."""
+    try:
+        write(path)
+    except OSError as exc:
+        raise OutputError(f"{flag} {path!r} could not be written: {exc.strerror or exc}; nothing was "
+                          "left there") from None  # fmt: skip

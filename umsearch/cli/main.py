@@ -12,12 +12,14 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
+from rich.markup import escape
 
 from umsearch import __version__
 from umsearch.cli.console import abort, console, debug_enabled
-from umsearch.core.errors import PlanError, UmsearchError
+from umsearch.core.errors import UmsearchError
 
 # name -> "module:attribute" of a click.Command, imported on first use.
 _LAZY_COMMANDS = {
@@ -25,6 +27,8 @@ _LAZY_COMMANDS = {
     "profile": "umsearch.cli.profile:profile_command",
     "run": "umsearch.cli.run:run_command",
     "validate": "umsearch.cli.run:validate_command",
+    "export": "umsearch.cli.export:export_command",
+    "calibrate": "umsearch.cli.calibrate:calibrate_command",
 }
 
 
@@ -49,31 +53,18 @@ def cli() -> None:
     \b
     Typical flow:
       umsearch profile gpt --out gpt.json      measure a model
+      umsearch calibrate gpt.json              fit the runtime's own costs
       umsearch search --profile gpt.json ...   find the fastest plan
       umsearch show results/x/plan.json        look at it
       umsearch run results/x/plan.json         run it for real
     """
 
 
-def _load(plan_path: str, profile_path: str | None, state_factor: float | None):  # type: ignore[no-untyped-def]
-    """Plan, its profile and a cost model; the plan's own profile unless overridden."""
-    from umsearch.core.cost import CostModel
-    from umsearch.core.plan import load_plan, resolve_profile_path
-    from umsearch.core.profile import load_profile
+def _load(plan_path: str, profile_path: str | None, state_factor: float | None) -> Any:
+    """The plan file with its profile (required: these commands cost the plan) and state factor."""
+    from umsearch.core.loader import load_plan_file
 
-    plan = load_plan(plan_path)
-    prof = Path(profile_path) if profile_path else resolve_profile_path(plan, plan_path)
-    if prof is None:
-        raise PlanError(f"{plan_path}: the plan names no profile; pass --profile PROFILE.json")
-    profile = load_profile(prof)
-    from umsearch.core.plan import validate_plan
-
-    try:
-        validate_plan(plan, profile.num_layers)
-    except PlanError as exc:
-        raise PlanError(f"{plan_path} does not fit profile {prof}: {exc}") from None
-    factor = state_factor if state_factor is not None else float(plan.meta.get("state_factor", 4.0))
-    return plan, profile, CostModel(profile, state_factor=factor)
+    return load_plan_file(plan_path, profile=profile_path, state_factor=state_factor, require_profile=True)
 
 
 _plan_arg = click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
@@ -83,33 +74,41 @@ _factor_opt = click.option("--state-factor", type=float, default=None,
                            help="Bytes of state per parameter byte (default: the plan's, else 4).")  # fmt: skip
 
 
+def _stage_busy(res: Any, stages: int) -> list[float]:
+    busy = [0.0] * stages
+    for a in res.records:
+        busy[a.stage] += a.end_ms - a.start_ms
+    return busy
+
+
 @cli.command("simulate")
 @_plan_arg
 @_profile_opt
 @_factor_opt
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def simulate_command(plan_path: str, profile_path: str | None, state_factor: float | None, as_json: bool) -> None:
-    """Predict iteration time and per-stage memory of PLAN.json."""
-    from umsearch.cli.tables import stage_table
+    """Predict iteration time and per-rank memory of PLAN.json."""
+    from umsearch.cli.tables import plan_tables
     from umsearch.sim.reference import simulate
 
-    plan, profile, cost = _load(plan_path, profile_path, state_factor)
-    res = simulate(plan, cost)
+    loaded = _load(plan_path, profile_path, state_factor)
+    plan = loaded.plan
+    res = simulate(plan, loaded.cost())
     if as_json:
-        out = {
+        click.echo(json.dumps({
             "iteration_ms": res.iteration_ms,
-            "peak_memory_bytes": list(res.peak_memory_bytes),
-            "deadlock": res.deadlock,
-            "stage_busy_ms": list(res.busy_ms),
-            "bubble_fraction": res.bubble_fraction,
-            "blocked": list(res.blocked),
-        }
-        click.echo(json.dumps(out))
+            "peak_memory_bytes": None if res.peak_memory_bytes is None else list(res.peak_memory_bytes),
+            "busy_ms": None if res.busy_ms is None else list(res.busy_ms),
+            "stage_busy_ms": _stage_busy(res, plan.num_stages),
+            "bubble_fraction": res.bubble_fraction, "deadlock": res.deadlock, "blocked": list(res.blocked),
+        }))  # fmt: skip
         return
-    console.print(stage_table(plan, res, [lay.name for lay in profile.layers]))
+    names = [lay.name for lay in loaded.profile.layers]
+    for table in plan_tables(plan, None if res.deadlock else res, names, console.width):
+        console.print(table)
     if res.deadlock:
-        console.print("[bold red]deadlock:[/] " + "; ".join(res.blocked))
-        console.print("raise the warmup of the stuck stages or align their microbatches with the neighbour's")
+        console.print("[bold red]deadlock:[/] " + escape("; ".join(res.blocked)))
+        console.print("reorder the stuck ranks' actions so that every input is produced before it is needed")
         return
     console.print(f"iteration time [bold]{res.iteration_ms:.3f} ms[/], bubble {res.bubble_fraction:.1%}")
 
@@ -118,28 +117,35 @@ def simulate_command(plan_path: str, profile_path: str | None, state_factor: flo
 @_plan_arg
 @_profile_opt
 @_factor_opt
-@click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="Write a Gantt chart PNG here.")
+@click.option("--gantt", type=click.Path(dir_okay=False), default=None,
+              help="Write the Gantt chart PNG here (default: PLAN_timeline.png beside the plan).")  # fmt: skip
 @click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Write a Chrome-trace JSON here.")
 def show_command(
     plan_path: str, profile_path: str | None, state_factor: float | None, gantt: str | None, trace: str | None
 ) -> None:
     """Draw the predicted timeline of PLAN.json (Gantt PNG, Chrome trace for Perfetto)."""
+    from umsearch.cli.console import write_output
     from umsearch.cli.pictures import write_chrome_trace, write_gantt
-    from umsearch.cli.tables import stage_table
+    from umsearch.cli.tables import plan_tables
     from umsearch.sim.reference import simulate
 
-    plan, profile, cost = _load(plan_path, profile_path, state_factor)
-    res = simulate(plan, cost)
-    console.print(stage_table(plan, res, [lay.name for lay in profile.layers]))
+    loaded = _load(plan_path, profile_path, state_factor)
+    plan, profile = loaded.plan, loaded.profile
+    res = simulate(plan, loaded.cost())
+    for table in plan_tables(plan, None if res.deadlock else res, [lay.name for lay in profile.layers],
+                             console.width):  # fmt: skip
+        console.print(table)
     if res.deadlock:
-        console.print("[bold red]deadlock:[/] " + "; ".join(res.blocked) + " (drawing the ops that ran)")
+        console.print("[bold red]deadlock:[/] " + escape("; ".join(res.blocked)) + " (drawing the actions that ran)")
     gantt = gantt or str(Path(plan_path).with_name(Path(plan_path).stem + "_timeline.png"))
     title = f"{profile.model}: predicted " + ("DEADLOCK" if res.deadlock else f"{res.iteration_ms:.2f} ms")
-    write_gantt(res.ops, plan.num_stages, gantt, title=title)
-    console.print(f"Gantt chart: {gantt}")
+    write_output(gantt, "--gantt", lambda p: write_gantt(res.records, plan.ranks, p, title=title))
+    console.print("Gantt chart: " + escape(gantt), soft_wrap=True)
     if trace:
-        write_chrome_trace(res.ops, trace, source="predicted", metadata={"plan": str(plan_path)})
-        console.print(f"Chrome trace: {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
+        write_output(trace, "--trace", lambda p: write_chrome_trace(res.records, p, source="predicted",
+                                                                    metadata={"plan": str(plan_path)}))  # fmt: skip
+        console.print("Chrome trace: " + escape(trace) + " (open in https://ui.perfetto.dev or chrome://tracing)",
+                      soft_wrap=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,20 +14,25 @@ from typing import Any, Protocol
 
 from umsearch.core.jsonio import write_bytes_atomic, write_json
 
-TRACE_SCHEMA = "umsearch.trace/1"
-_FWD_COLOR = "#4C72B0"
-_BWD_COLOR = "#DD8452"
+TRACE_SCHEMA = "umsearch.trace/2"
+_KIND_NAMES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}
+# One hue per stage (tab10-like, colour-blind friendly enough); the kind sets the shade and hatch.
+_STAGE_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
+                 "#CCB974", "#64B5CD")  # fmt: skip
+_FWD_COLOR = _STAGE_COLORS[0]
 
 
-class OpLike(Protocol):
-    """What a timeline needs of an op; :class:`umsearch.sim.reference.OpRecord` is one."""
+class RecordLike(Protocol):
+    """What a timeline needs of an action; :class:`umsearch.core.actions.ActionRecord` is one."""
 
+    @property
+    def rank(self) -> int: ...
     @property
     def stage(self) -> int: ...
     @property
     def kind(self) -> str: ...
     @property
-    def index(self) -> int: ...
+    def mb(self) -> int: ...
     @property
     def size(self) -> int: ...
     @property
@@ -36,36 +41,33 @@ class OpLike(Protocol):
     def end_ms(self) -> float: ...
 
 
-def chrome_trace_events(ops: Iterable[OpLike], *, source: str = "predicted") -> list[dict[str, Any]]:
-    """Complete ('X') events, one row (tid) per stage, times in microseconds."""
+def chrome_trace_events(records: Iterable[RecordLike], *, source: str = "predicted") -> list[dict[str, Any]]:
+    """Complete ('X') events, one row (tid) per rank, named like torch's actions (``2F0``), times in us."""
     events: list[dict[str, Any]] = []
-    stages: set[int] = set()
-    for op in ops:
-        stages.add(op.stage)
-        name = f"{'forward' if op.kind == 'F' else 'backward'} {op.index} [{op.size}]"
+    ranks: set[int] = set()
+    for a in records:
+        ranks.add(a.rank)
         events.append({
-            "name": name, "cat": op.kind, "ph": "X", "pid": 0, "tid": op.stage,
-            "ts": op.start_ms * 1e3, "dur": (op.end_ms - op.start_ms) * 1e3,
-            "args": {"kind": op.kind, "index": op.index, "size": op.size},
+            "name": f"{a.stage}{a.kind}{a.mb} [{a.size}]", "cat": _KIND_NAMES.get(a.kind, a.kind), "ph": "X",
+            "pid": 0, "tid": a.rank, "ts": a.start_ms * 1e3, "dur": (a.end_ms - a.start_ms) * 1e3,
+            "args": {"stage": a.stage, "kind": a.kind, "mb": a.mb, "size": a.size},
         })  # fmt: skip
     meta: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"umsearch ({source})"}}
     ]
-    meta += [
-        {"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": f"stage {s}"}}
-        for s in sorted(stages)
-    ]
+    meta += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
+             for r in sorted(ranks)]  # fmt: skip
     return meta + events
 
 
 def write_chrome_trace(
-    ops: Iterable[OpLike], path: str | os.PathLike[str], *, source: str = "predicted",
+    records: Iterable[RecordLike], path: str | os.PathLike[str], *, source: str = "predicted",
     metadata: dict[str, Any] | None = None,
 ) -> Path:  # fmt: skip
     """Write a Chrome-trace JSON that chrome://tracing and Perfetto open."""
     doc = {
         "schema": TRACE_SCHEMA,
-        "traceEvents": chrome_trace_events(ops, source=source),
+        "traceEvents": chrome_trace_events(records, source=source),
         "displayTimeUnit": "ms",
         "metadata": {"source": source, **(metadata or {})},
     }
@@ -78,31 +80,51 @@ def _figure_bytes(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+def _style(stage: int, kind: str) -> dict[str, Any]:
+    """Box style: the stage's hue; backward parts lighter, I hatched, W paler still and cross-hatched."""
+    from matplotlib.colors import to_rgb
+
+    base = to_rgb(_STAGE_COLORS[stage % len(_STAGE_COLORS)])
+    lighten = {"F": 0.0, "B": 0.35, "I": 0.35, "W": 0.6}.get(kind, 0.0)
+    color = tuple(c + (1 - c) * lighten for c in base)
+    return {"facecolors": color, "hatch": {"I": "///", "W": "xx"}.get(kind), "edgecolors": "white", "linewidth": 0.5}
+
+
 def write_gantt(
-    ops: Sequence[OpLike], num_stages: int, path: str | os.PathLike[str], *, title: str = ""
+    records: Sequence[RecordLike], ranks: int, path: str | os.PathLike[str], *, title: str = ""
 ) -> Path:
-    """One row per stage, forward blue and backward orange, each box labelled with its size."""
+    """One row per rank; a colour per stage, forward dark, backward light, I hatched, W cross-hatched;
+    each wide enough box is labelled with its action (``2F0``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    end = max((op.end_ms for op in ops), default=1.0)
-    fig, ax = plt.subplots(figsize=(min(22.0, 6 + 0.12 * len(ops) / max(num_stages, 1)), 0.6 * num_stages + 1.6))
-    for op in ops:
-        color = _FWD_COLOR if op.kind == "F" else _BWD_COLOR
-        width = op.end_ms - op.start_ms
-        ax.broken_barh([(op.start_ms, width)], (op.stage - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.5)
-        if width > end / 120:
-            ax.text(op.start_ms + width / 2, op.stage, str(op.size), ha="center", va="center", fontsize=7, color="white")
-    ax.set_yticks(range(num_stages), [f"stage {s}" for s in range(num_stages)])
+    end = max((a.end_ms for a in records), default=1.0)
+    per_rank = len(records) / max(ranks, 1)
+    fig, ax = plt.subplots(figsize=(min(22.0, 6 + 0.12 * per_rank), 0.6 * ranks + 1.8))
+    for a in records:
+        width = a.end_ms - a.start_ms
+        ax.broken_barh([(a.start_ms, width)], (a.rank - 0.4, 0.8), **_style(a.stage, a.kind))
+        if width > end / 60:
+            ax.text(a.start_ms + width / 2, a.rank, f"{a.stage}{a.kind}{a.mb}", ha="center", va="center",
+                    fontsize=6, color="black" if a.kind != "F" else "white")  # fmt: skip
+    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     ax.invert_yaxis()
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("time (ms)")
     ax.set_title(title or f"pipeline timeline: {end:.2f} ms")
-    ax.legend(handles=[Patch(color=_FWD_COLOR, label="forward"), Patch(color=_BWD_COLOR, label="backward")],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # fmt: skip
+    stages = sorted({a.stage for a in records})
+
+    def patch(stage: int, kind: str, label: str) -> Patch:
+        style = _style(stage, kind)
+        return Patch(facecolor=style["facecolors"], hatch=style["hatch"], edgecolor="white", label=label)
+
+    handles = [patch(s, "F", f"stage {s}") for s in stages[:10]]
+    handles += [patch(0, kind, f"{kind}: {_KIND_NAMES[kind]}") for kind in ("F", "B", "I", "W")
+                if any(a.kind == kind for a in records)]  # fmt: skip
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     ax.grid(axis="x", alpha=0.3)
     data = _figure_bytes(fig)
     plt.close(fig)
@@ -134,11 +156,19 @@ def write_pareto(
         ax.scatter([t], [m / gib], marker=next(markers, "x"), s=60, label=name, zorder=3)
     if chosen is not None:
         ax.scatter([chosen[0]], [chosen[1] / gib], marker="*", s=220, color="gold", edgecolors="black", label="chosen plan", zorder=4)
-    if memory_limit is not None:
-        ax.axhline(memory_limit / gib, color="red", linestyle="--", linewidth=1, label="memory limit")
+    for name, (t, m) in baselines.items():
+        ax.annotate(name, (t, m / gib), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    title = title or "time vs memory"
+    if memory_limit is not None and (front or baselines):
+        top = max([m for _, m in front] + [m for _, m in baselines.values()])
+        if memory_limit <= 4 * top:
+            ax.axhline(memory_limit / gib, color="red", linestyle="--", linewidth=1,
+                       label=f"memory limit {memory_limit / gib:.3g} GiB")
+        else:  # drawn, a limit far above every plan would squash them all onto the axis
+            title += f" (memory limit {memory_limit / gib:.3g} GiB, far above)"
     ax.set_xlabel("iteration time (ms)")
-    ax.set_ylabel("peak memory of the fullest stage (GiB)")
-    ax.set_title(title or "time vs memory")
+    ax.set_ylabel("peak memory of the fullest rank (GiB)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     data = _figure_bytes(fig)

@@ -1,103 +1,184 @@
-"""Write a search's outputs: plan, Pareto front, baselines, report and pictures (all atomic)."""
+"""Write a search's outputs, all or nothing: plan, Pareto front, baselines, report and pictures.
+
+Every file is first written into a fresh temporary folder beside the output
+folder; only when all of them are there does that folder take the output's
+place (one rename; an older output is moved aside first and removed after).
+So a Ctrl-C, a full disk or a second search into the same ``--out`` never
+leaves a mix of files from two runs or a half-written set.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from umsearch.cli.pictures import write_chrome_trace, write_gantt, write_pareto
+from umsearch.cli.console import OutputError
 from umsearch.cli.tables import format_bytes
 from umsearch.core.cost import CostModel
 from umsearch.core.jsonio import write_json, write_text_atomic
-from umsearch.core.plan import Plan, save_plan
+from umsearch.core.plan import PlanDocument, save_document
 from umsearch.core.profile import Profile, file_sha256
 from umsearch.search.driver import SearchResult
 from umsearch.search.scoring import Scored
 from umsearch.search.space import SearchSpace
-from umsearch.sim.reference import SimResult, simulate
+from umsearch.sim.reference import simulate
 
 PARETO_SCHEMA = "umsearch.pareto/1"
-BASELINES_SCHEMA = "umsearch.baselines/1"
+BASELINES_SCHEMA = "umsearch.baselines/2"
+FILES = ("plan.json", "pareto.json", "baselines.json", "report.md", "pareto.png", "timeline.png", "trace.json")
+"""What a search writes into its output folder."""
+
+
+def best_peer(result: SearchResult) -> Scored | None:
+    """The fastest torch.distributed.pipelining baseline (the bar to clear)."""
+    peers = [b for name, b in result.baselines.items() if b is not None and name != "local greedy"]
+    return min(peers, key=lambda b: b.iteration_ms, default=None)
 
 
 def comparison_rows(result: SearchResult) -> list[dict[str, Any]]:
-    """The plan and each baseline: time, speedup of the plan over it, memory."""
-    rows = [{"name": "umsearch", "iteration_ms": result.best.iteration_ms, "speedup": 1.0,
-             "peak_memory_bytes": result.best.max_memory, "method": "NSGA-II + local search"}]  # fmt: skip
+    """The plan and each baseline: time, speedup of the plan over it, memory, how it was found."""
+    best = result.best
+    rows = [{"name": "umsearch", "iteration_ms": best.iteration_ms, "speedup": 1.0,
+             "peak_memory_bytes": best.max_memory, "method": best.method or "NSGA-II + local search"}]  # fmt: skip
     for name, b in result.baselines.items():
         rows.append({
-            "name": name, "method": b.method if b else "no plan fits the memory limit",
+            "name": name, "method": b.method if b else "no plan fits the memory limit (or needs the I/W split)",
             "iteration_ms": b.iteration_ms if b else None,
-            "speedup": b.iteration_ms / result.best.iteration_ms if b else None,
+            "speedup": b.iteration_ms / best.iteration_ms if b else None,
             "peak_memory_bytes": b.max_memory if b else None,
         })  # fmt: skip
     return rows
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
-    """Display cells of one comparison row: name, time, speedup, memory, method."""
     t = "-" if row["iteration_ms"] is None else f"{row['iteration_ms']:.3f}"
     sp = "-" if row["speedup"] is None else f"{row['speedup']:.3f}x"
     mem = "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"])
-    return [row["name"], t, sp, mem, row["method"]]
+    return [row["name"], t, sp, mem]
 
 
 def comparison_table(result: SearchResult) -> Table:
+    """Plan vs every baseline, one row each (how each was found goes to report.md)."""
     table = Table(title="plan vs baselines (same cost model)", title_justify="left")
-    for col in ("plan", "iteration ms", "umsearch speedup", "peak memory", "how"):
-        table.add_column(col, justify="left" if col in ("plan", "how") else "right")
+    for col in ("plan", "iteration ms", "umsearch speedup", "peak memory"):
+        table.add_column(col, justify="left" if col == "plan" else "right", no_wrap=True)
     for r in comparison_rows(result):
         table.add_row(*_cells(r))
     gap = result.best.iteration_ms / result.lower_bound_ms - 1
-    table.caption = f"lower bound {result.lower_bound_ms:.3f} ms; plan is {gap:.1%} above it"
+    table.caption = f"lower bound {result.lower_bound_ms:.3f} ms; the plan is {gap:.1%} above it"
     return table
 
 
-def _plan_with_meta(s: Scored, space: SearchSpace, profile: Profile, profile_path: Path, res: SimResult) -> Plan:
-    meta: dict[str, Any] = {"profile_sha256": file_sha256(profile_path), "search_space": space.to_json(),
-                            "seed": space.seed, "state_factor": space.state_factor}  # fmt: skip
+def summary_line(result: SearchResult) -> str:
+    """One line: the plan's time, its speedup over the best peer schedule, the gap to the bound."""
+    peer = best_peer(result)
+    vs = f", {peer.iteration_ms / result.best.iteration_ms:.3f}x {peer.name}" if peer is not None else ""
+    return (f"plan {result.best.iteration_ms:.3f} ms{vs}, {result.best.iteration_ms / result.lower_bound_ms - 1:.1%} "
+            f"above the lower bound; {result.evaluations} plans scored in {result.wall_s:.1f} s")  # fmt: skip
+
+
+def document(s: Scored, space: SearchSpace, profile: Profile, profile_path: Path, source: str) -> PlanDocument:
+    """A plan file's contents: the plan, its prediction, and where it came from."""
+    res = simulate(s.plan, CostModel(profile, state_factor=space.state_factor))
+    meta: dict[str, Any] = {"profile": str(profile_path.resolve()), "profile_sha256": file_sha256(profile_path),
+                            "state_factor": space.state_factor, "search_space": space.to_json(), "seed": space.seed,
+                            "source": source}  # fmt: skip
     if "model_spec" in profile.extra:
         meta["model"] = profile.extra["model_spec"]
-    return Plan(global_batch=s.plan.global_batch, stages=s.plan.stages, predicted=res.predicted(),
-                profile=str(profile_path.resolve()), meta=meta)  # fmt: skip
+    return PlanDocument(plan=s.plan, predicted=res.predicted(), meta=meta)
 
 
-def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, out: Path) -> dict[str, Path]:
-    """Write every output file under ``out``; returns name -> path."""
-    profile_path = Path(space.profile)
-    cost = CostModel(profile, state_factor=space.state_factor)
-    sim = simulate(result.best.plan, cost)
-    plan = _plan_with_meta(result.best, space, profile, profile_path, sim)
-    paths = {"plan": save_plan(plan, out / "plan.json")}
-    paths["pareto"] = write_json(out / "pareto.json", {
-        "schema": PARETO_SCHEMA,
-        "plans": [{"iteration_ms": s.iteration_ms, "peak_memory_bytes": list(s.peak_memory_bytes),
-                   "plan": s.plan.to_json()} for s in result.pareto],
-    })  # fmt: skip
+def _report_md(result: SearchResult, space: SearchSpace, profile: Profile, profile_path: Path) -> str:
     rows = comparison_rows(result)
-    paths["baselines"] = write_json(out / "baselines.json", {
-        "schema": BASELINES_SCHEMA, "lower_bound_ms": result.lower_bound_ms, "rows": rows,
-        "baseline_plans": {k: (v.plan.to_json() if v else None) for k, v in result.baselines.items()},
-    })  # fmt: skip
     lines = [f"# umsearch plan: {space.name}", "",
-             f"Profile `{profile_path}` ({profile.model}, {profile.device}); S={space.stages}, "
+             f"Profile `{profile_path}` ({profile.model}, {profile.device}); R={space.ranks}, "
              f"B={space.global_batch}, memory limit {format_bytes(space.memory_limit)}, seed {space.seed}.", "",
              "| plan | iteration ms | umsearch speedup | peak memory | how |", "|---|---:|---:|---:|---|"]  # fmt: skip
-    for r in rows:
-        lines.append("| " + " | ".join(_cells(r)) + " |")
+    lines += ["| " + " | ".join([*_cells(r), r["method"]]) + " |" for r in rows]
     gap = result.best.iteration_ms / result.lower_bound_ms - 1
     lines += ["", f"Lower bound {result.lower_bound_ms:.3f} ms; the plan is {gap:.1%} above it.",
-              f"Search: {result.generations} NSGA-II generations and local polish, {result.evaluations} plans "
-              f"scored in {result.wall_s:.1f} s" + (" (interrupted)" if result.interrupted else "")
-              + (" (stopped by the time budget)" if result.budget_hit else "") + "."]  # fmt: skip
-    paths["report"] = write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
+              f"Search: {result.generations} NSGA-II generations and local polish, {result.evaluations} plans scored "
+              f"in {result.wall_s:.1f} s" + (" (interrupted)" if result.interrupted else "")
+              + (" (stopped by the time budget)" if result.budget_hit else "") + ".", "",
+              "## Stages of the plan", "", "| stage | rank | layers | recompute | I/W | forward | backward |",
+              "|---:|---:|---|---|---|---|---|"]  # fmt: skip
+    plan = result.best.plan
+    for j, st in enumerate(plan.stages):
+        names = f"[{st.lo}, {st.hi}) {profile.layers[st.lo].name}..{profile.layers[st.hi - 1].name}"
+        back = "same" if st.backward == st.forward else " ".join(map(str, st.backward))
+        lines.append(f"| {j} | {st.rank} | {names} | {st.recompute} | {plan.uses_split[j]} | "
+                     f"{' '.join(map(str, st.forward))} | {back} |")  # fmt: skip
+    lines += ["", "## Pareto front", "", "| # | iteration ms | peak memory |", "|---:|---:|---:|"]
+    lines += [f"| {i} | {s.iteration_ms:.3f} | {format_bytes(s.max_memory)} |" for i, s in enumerate(result.pareto)]
+    lines += ["", "`umsearch search ... --pick N` writes front point N as plan.json."]
+    return "\n".join(lines) + "\n"
+
+
+def _write_all(result: SearchResult, space: SearchSpace, profile: Profile, folder: Path, pick: int) -> None:
+    from umsearch.cli.pictures import write_chrome_trace, write_gantt, write_pareto
+
+    profile_path = Path(space.profile)
+    chosen = result.pareto[pick]
+    doc = document(chosen, space, profile, profile_path, f"umsearch search (Pareto point {pick})")
+    save_document(doc, folder / "plan.json")
+    write_json(folder / "pareto.json", {
+        "schema": PARETO_SCHEMA,
+        "plans": [{"index": i, "iteration_ms": s.iteration_ms, "peak_memory_bytes": list(s.peak_memory_bytes),
+                   "plan": s.plan.to_json()} for i, s in enumerate(result.pareto)],
+    })  # fmt: skip
+    write_json(folder / "baselines.json", {
+        "schema": BASELINES_SCHEMA, "lower_bound_ms": result.lower_bound_ms, "rows": comparison_rows(result),
+        "baseline_plans": {k: (document(v, space, profile, profile_path, f"baseline {k}").to_json() if v else None)
+                           for k, v in result.baselines.items()},
+    })  # fmt: skip
+    write_text_atomic(folder / "report.md", _report_md(result, space, profile, profile_path))
     front = [(s.iteration_ms, s.max_memory) for s in result.pareto]
     marks = {k: (v.iteration_ms, v.max_memory) for k, v in result.baselines.items() if v is not None}
-    paths["pareto_png"] = write_pareto(front, marks, out / "pareto.png", memory_limit=space.memory_limit,
-                                       chosen=front[0], title=f"{space.name}: time vs memory")  # fmt: skip
-    paths["timeline"] = write_gantt(sim.ops, plan.num_stages, out / "timeline.png",
-                                    title=f"{space.name}: predicted {sim.iteration_ms:.2f} ms")  # fmt: skip
-    paths["trace"] = write_chrome_trace(sim.ops, out / "trace.json", source="predicted")
-    return paths
+    write_pareto(front, marks, folder / "pareto.png", memory_limit=space.memory_limit, chosen=front[pick],
+                 title=f"{space.name}: time vs memory")  # fmt: skip
+    sim = simulate(chosen.plan, CostModel(profile, state_factor=space.state_factor))
+    write_gantt(sim.records, chosen.plan.ranks, folder / "timeline.png",
+                title=f"{space.name}: predicted {sim.iteration_ms:.2f} ms")  # fmt: skip
+    write_chrome_trace(sim.records, folder / "trace.json", source="predicted")
+
+
+def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, out: Path, pick: int = 0) -> dict[str, Path]:
+    """Write every output file under ``out`` in one step (see the module docstring); returns name -> path.
+
+    ``pick`` chooses the Pareto point written as ``plan.json`` (0: the fastest).
+    """
+    if not 0 <= pick < len(result.pareto):
+        raise OutputError(f"--pick {pick}: the Pareto front has {len(result.pareto)} plans (0..{len(result.pareto) - 1})")
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise OutputError(f"cannot write into {str(out.parent)!r}: {exc.strerror}; choose another --out") from None
+    old: Path | None = None
+    try:
+        os.chmod(tmp, 0o755)
+        _write_all(result, space, profile, tmp, pick)
+        if out.exists() and not out.is_dir():
+            raise OutputError(f"--out {str(out)!r} is a file; give a folder")
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / "previous")
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if old is not None:  # put the previous outputs back
+                os.replace(old / "previous", out)
+            raise
+    except OSError as exc:
+        raise OutputError(f"cannot write the outputs into {str(out)!r}: {exc.strerror}; nothing was changed") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return {name.split(".")[0] + ("_png" if name == "pareto.png" else ""): out / name for name in FILES}

@@ -1,50 +1,136 @@
-"""``umsearch run`` (execute a plan on one local torchrun process per stage) and ``umsearch validate``
-(predicted vs. measured iteration time)."""
+"""``umsearch run`` (execute a plan on one local torchrun process per rank) and ``umsearch validate``
+(predicted vs. measured iteration time, several plans in one set of processes).
+
+Run settings are the flag table of :mod:`umsearch.runtime.config`; the click
+options here are generated from it, as are the torchrun entry point's flags
+and the command ``--print-launch`` prints, so the three cannot disagree.
+
+Neither command lets a data file choose code: a plan's (or profile's) model
+runs only when it is a zoo model, when the user names it with ``--model``, or
+with ``--trust-model-code`` (:func:`umsearch.runtime.factory.resolve_plan`);
+``--print-launch`` imports and builds nothing. Every failure is one line
+(user text escaped for rich), exit code 1; SIGTERM, SIGHUP or Ctrl-C stop every
+process of the run, remove its temporary files and exit with code 130.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shlex
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
-from umsearch.cli.console import console, err_console
-from umsearch.core.cost import CostModel
-from umsearch.core.errors import PlanError, RuntimeExecutionError
-from umsearch.core.plan import Plan, load_plan, resolve_profile_path
-from umsearch.core.profile import file_sha256, load_profile
-from umsearch.runtime.config import LaunchConfig, RunConfig
+from umsearch.cli.console import abort as _fail
+from umsearch.cli.console import console, debug_enabled, err_console, write_output
+from umsearch.core.errors import PlanError, RuntimeExecutionError, UmsearchError
+from umsearch.core.loader import LoadedPlan
+from umsearch.core.plan import Plan
+from umsearch.core.profile import file_sha256
+from umsearch.runtime.config import (
+    FLAGS,
+    FlagField,
+    FlagValueError,
+    ModelChoice,
+    RunConfig,
+    configs_from_values,
+    to_argv,
+)
 from umsearch.runtime.launch import ENTRY_MODULE
-from umsearch.runtime.model import ModelFactory, plan_model_spec, spec_factory
-from umsearch.runtime.preflight import preflight
+from umsearch.runtime.run import check_writable
 
-_RUN = RunConfig()
-_LAUNCH = LaunchConfig()
-
-
-def plan_profile_path(plan: Plan, plan_path: str, profile_path: str | None) -> Path | None:
-    """``--profile``, else the plan's own profile if that file exists; None when there is none."""
-    if profile_path:
-        return Path(profile_path)
-    prof = resolve_profile_path(plan, plan_path)
-    return prof if prof is not None and prof.exists() else None
+# ---------------------------------------------------------------------------
+# Options from the flag table
+# ---------------------------------------------------------------------------
 
 
-def plan_cost(plan: Plan, prof: Path | None) -> CostModel | None:
-    """The cost model of profile ``prof``, checked to describe as many layers as the plan covers."""
-    if prof is None:
-        return None
-    profile = load_profile(prof)
-    covered = plan.stages[-1].hi
-    if profile.num_layers != covered:
-        raise PlanError(
-            f"the plan covers layers [0, {covered}) but the profile {prof} has {profile.num_layers} layers; "
-            "pass --profile with the profile the plan was searched on"
-        )
-    return CostModel(profile)
+class _FlagType(click.ParamType):
+    """A click type that parses with the flag table's own parser."""
+
+    def __init__(self, row: FlagField) -> None:
+        self.row = row
+        self.name = row.flag.metavar or row.dest
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value  # a default, already a field value
+        try:
+            return self.row.flag.parse(value)
+        except (FlagValueError, ValueError) as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _option(row: FlagField) -> Callable[[Any], Any]:
+    fl = row.flag
+    if fl.kind == "switch":
+        return click.option(fl.name, row.dest, is_flag=True, default=False, help=fl.help, hidden=fl.hidden)
+    multiple = fl.kind == "multiple"
+    return click.option(fl.name, row.dest, type=_FlagType(row), multiple=multiple,
+                        default=() if multiple else row.default, metavar=fl.metavar,
+                        show_default=not multiple and row.default is not None, help=fl.help, hidden=fl.hidden)  # fmt: skip
+
+
+def table_options(exclude: Sequence[str] = ()) -> Callable[[Any], Any]:
+    """Decorator adding every row of the flag table (but ``exclude``'s dests) as click options."""
+
+    def wrap(f: Any) -> Any:
+        for row in reversed(FLAGS):
+            if row.dest not in exclude:
+                f = _option(row)(f)
+        return f
+
+    return wrap
+
+
+def split_values(values: dict[str, Any]) -> tuple[RunConfig, ModelChoice, dict[str, Any]]:
+    """The configs in a command's keyword arguments, and the arguments that are not table flags."""
+    dests = {row.dest for row in FLAGS}
+    run, choice = configs_from_values({k: v for k, v in values.items() if k in dests})
+    return run, choice, {k: v for k, v in values.items() if k not in dests}
+
+
+# ---------------------------------------------------------------------------
+# Failing in one line
+# ---------------------------------------------------------------------------
+
+
+def one_line_errors(f: Callable[..., None]) -> Callable[..., None]:
+    """Run a command; a user error or a failed write is one red line (exit 1), a signal exit 130."""
+
+    @functools.wraps(f)
+    def run(*args: Any, **kwargs: Any) -> None:
+        from umsearch.runtime.launch import LaunchInterrupted
+
+        try:
+            f(*args, **kwargs)
+        except LaunchInterrupted as exc:
+            import signal
+
+            _fail(f"interrupted by {signal.Signals(exc.signum).name}: stopped torchrun and every rank, removed "
+                  "the run's temporary files; nothing was written", 130)  # fmt: skip
+        except KeyboardInterrupt:
+            _fail("interrupted; nothing was written", 130)
+        except UmsearchError as exc:
+            if debug_enabled():
+                raise
+            _fail(str(exc))
+
+    return run
+
+
+# ---------------------------------------------------------------------------
+# Outputs
+# ---------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------
+# Shared checks
+# ---------------------------------------------------------------------------
 
 
 def usable_cpus() -> int:
@@ -54,148 +140,185 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def run_warnings(plan: Plan, prof: Path | None, cfg: RunConfig, cpus: int | None = None) -> list[str]:
+def run_warnings(loaded: LoadedPlan, cfg: RunConfig, cpus: int | None = None) -> list[str]:
     """What makes measured times (or the prediction they are compared with) untrustworthy."""
     out = []
-    recorded = plan.meta.get("profile_sha256")
+    recorded = loaded.document.meta.get("profile_sha256")
+    prof = loaded.profile_path
     if prof is not None and isinstance(recorded, str) and file_sha256(prof) != recorded:
         out.append(f"the profile {prof} is not the one the plan was searched on (its sha256 differs from the "
                    "plan's profile_sha256); the prediction is for another measurement")  # fmt: skip
     lc = cfg.launch
     cpus = usable_cpus() if cpus is None else cpus
-    if lc.backend == "gloo" and plan.num_stages * (lc.threads or 1) > cpus:
-        out.append(f"{plan.num_stages} stages x {lc.threads or 1} thread(s) need "
-                   f"{plan.num_stages * (lc.threads or 1)} cores but {cpus} are available: ranks share "
-                   "cores, so measured times include contention the model does not have")  # fmt: skip
+    ranks = loaded.plan.ranks
+    if lc.backend == "gloo" and ranks * (lc.threads or 1) > cpus:
+        out.append(f"{ranks} ranks x {lc.threads or 1} thread(s) need {ranks * (lc.threads or 1)} cores but "
+                   f"{cpus} are available: ranks share cores, so measured times include contention the model "
+                   "does not have")  # fmt: skip
     return out
 
 
 def _warn(lines: list[str]) -> None:
+    from rich.text import Text
+
     for line in lines:
-        err_console.print(f"[bold yellow]warning:[/] {line}", soft_wrap=True)
+        err_console.print(Text.assemble(("warning:", "bold yellow"), " ", line), soft_wrap=True)
 
 
-def entry_argv(plan_path: str, cfg: RunConfig) -> list[str]:
+def load_checked(plan_path: str, choice: ModelChoice, *, require_profile: bool = False) -> LoadedPlan:
+    """The plan with profile and model, refused (before anything starts, without running model code)
+    when its model may not run, it deadlocks, or it does not fit its profile."""
+    from umsearch.runtime.factory import require_trusted, resolve_plan
+    from umsearch.runtime.preflight import preflight
+
+    loaded = resolve_plan(plan_path, choice, require_profile=require_profile)
+    require_trusted(loaded)
+    preflight(loaded.plan, None, loaded.cost() if loaded.profile is not None else None)
+    return loaded
+
+
+def predicted_ms(loaded: LoadedPlan) -> float | None:
+    """The simulator's iteration time under the plan's profile, else the plan file's own prediction."""
+    if loaded.profile is not None:
+        from umsearch.sim.reference import simulate
+
+        return simulate(loaded.plan, loaded.cost()).iteration_ms
+    value = (loaded.document.predicted or {}).get("iteration_ms")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+# ---------------------------------------------------------------------------
+# --print-launch
+# ---------------------------------------------------------------------------
+
+
+def entry_argv(plan_path: str, cfg: RunConfig, choice: ModelChoice | None = None) -> list[str]:
     """The entry point's arguments for ``plan_path``: the same locally and on a cluster."""
-    return ["-m", ENTRY_MODULE, plan_path, *cfg.to_argv()]
+    return ["-m", ENTRY_MODULE, plan_path, *to_argv(cfg, choice)]
 
 
-def launch_text(plan_path: str, plan: Plan, cfg: RunConfig, nproc_per_node: int) -> str:
-    """The torchrun command (and environment) that runs ``plan`` on a cluster."""
-    S = plan.num_stages
-    nnodes = -(-S // nproc_per_node)
-    if nnodes * nproc_per_node != S:
-        raise PlanError(f"{S} stages do not fill {nnodes} node(s) of {nproc_per_node} process(es); "
-                        f"pick --nproc-per-node dividing {S}")  # fmt: skip
-    be = cfg.launch.backend
-    cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--node-rank=$NODE_RANK",
-           "--master-addr=$MASTER_ADDR", "--master-port=29500",
-           *[shlex.quote(a) for a in entry_argv(plan_path, cfg)]]  # fmt: skip
+def _endpoint(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RuntimeExecutionError(f"--rdzv-endpoint {text!r} must be HOST:PORT, e.g. node0.cluster:29500")
+    return text
+
+
+def rendezvous_id(plan_path: str, argv: Sequence[str]) -> str:
+    """A rendezvous id every node derives alike: from the plan file's bytes and the entry arguments."""
+    digest = hashlib.sha256(Path(plan_path).read_bytes() + "\0".join(argv).encode()).hexdigest()
+    return f"umsearch-{digest[:12]}"
+
+
+def launch_text(plan_path: str, plan: Plan, cfg: RunConfig, choice: ModelChoice, *, nnodes: int = 1,
+                nproc_per_node: int | None = None, rdzv_endpoint: str | None = None,
+                node_rank: int | None = None) -> str:  # fmt: skip
+    """The torchrun command (after ``#`` comments) that runs ``plan``: the same line on every node."""
+    R = plan.ranks
+    per_node = nproc_per_node or -(-R // nnodes)
+    if nnodes * per_node != R:
+        raise PlanError(f"the plan has {R} rank(s), which do not fill {nnodes} node(s) of {per_node} process(es); "
+                        f"pick --nnodes and --nproc-per-node with nnodes x nproc-per-node = {R}")  # fmt: skip
+    if node_rank is not None and not 0 <= node_rank < nnodes:
+        raise PlanError(f"--node-rank {node_rank} is not a node of {nnodes}; give 0..{nnodes - 1}")
+    argv = entry_argv(plan_path, cfg, choice)
+    if nnodes == 1 and rdzv_endpoint is None:
+        rdzv = ["--standalone", "--nnodes=1"]
+    else:
+        if rdzv_endpoint is None:
+            raise PlanError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (a host every node can reach, "
+                            "e.g. the first node's, and a free port)")  # fmt: skip
+        rdzv = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(rdzv_endpoint)}",
+                f"--rdzv-id={rendezvous_id(plan_path, argv)}"]  # fmt: skip
+    env = [f"OMP_NUM_THREADS={cfg.launch.threads or 1}"] if cfg.launch.backend == "gloo" else []
+    cmd = [*env, "torchrun", *rdzv, f"--nproc-per-node={per_node}", "--max-restarts=0",
+           *[shlex.quote(a) for a in argv]]  # fmt: skip
+    where = "GPU cuda:LOCAL_RANK" if cfg.launch.backend == "nccl" else "CPU"
+    node = f" (this is node {node_rank})" if node_rank is not None else ""
     lines = [
-        f"# {S} stages: {nnodes} node(s) x {nproc_per_node} process(es); stage s runs on global rank s,",
-        "# i.e. node s // nproc-per-node, " + ("GPU cuda:(s % nproc-per-node)." if be == "nccl" else "CPU."),
-        "# On every node, with the same plan file and umsearch installed:",
-        f"export MASTER_ADDR=<host of node 0>  NODE_RANK=<0..{nnodes - 1}>",
+        f"# {R} rank(s): {nnodes} node(s) x {per_node} process(es), one per rank, each on its {where}.",
+        f"# Run this same line on every node{node}, with the same plan file and umsearch installed;"
+        + (" the c10d rendezvous gives each node its ranks as it joins." if nnodes > 1 or rdzv_endpoint else ""),
+        " ".join(cmd),
     ]
-    if be == "gloo":
-        lines.append(f"export OMP_NUM_THREADS={cfg.launch.threads or 1}")
-    return "\n".join([*lines, " ".join(cmd)])
+    return "\n".join(lines)
 
 
-def _step_rows(result: Any) -> list[dict[str, Any]]:
-    return [
-        {"step": i, "iteration_ms": s.iteration_ms, "step_ms": s.step_ms, "loss": s.loss}
-        for i, s in enumerate(result.steps)
-    ]
-
-
-_common = [
-    click.option("--steps", type=click.IntRange(min=1), default=_RUN.steps, show_default=True,
-                 help="Iterations to run."),
-    click.option("--warmup-steps", type=click.IntRange(min=0), default=_RUN.warmup_steps, show_default=True,
-                 help="Leading iterations left out of the median and the spread."),
-    click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=_LAUNCH.backend, show_default=True,
-                 help="gloo: CPU processes; nccl: one GPU per stage (cuda:local_rank)."),
-    click.option("--seed", type=int, default=_RUN.seed, show_default=True, help="Seed of weights and batches."),
-    click.option("--lr", type=float, default=_RUN.lr, show_default=True, help="SGD learning rate."),
-    click.option("--threads", type=click.IntRange(min=1), default=_LAUNCH.threads, show_default=True,
-                 help="torch threads per process (CPU); each process is pinned to its own cores when there are enough."),
-    click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=_LAUNCH.timeout_s,
-                 show_default=True, help="Seconds a rank may wait for a peer (every link) before the run fails."),
-    click.option("--profile", "profile_path", type=click.Path(dir_okay=False), default=None,
-                 help="Profile for the prediction (default: the one the plan names)."),
-]  # fmt: skip
-
-
-def _with_common(f: Any) -> Any:
-    for opt in reversed(_common):
-        f = opt(f)
-    return f
-
-
-def _config(steps: int, warmup_steps: int, backend: str, seed: int, lr: float, threads: int,
-            timeout_s: float) -> RunConfig:  # fmt: skip
-    return RunConfig(steps=steps, warmup_steps=warmup_steps, seed=seed, lr=lr,
-                     launch=LaunchConfig(backend=backend, threads=threads, timeout_s=timeout_s))  # fmt: skip
-
-
-def _model(plan: Plan, plan_path: str, seed: int) -> tuple[dict[str, Any], ModelFactory]:
-    spec = plan_model_spec(plan, plan_path)
-    return spec, spec_factory(spec, seed)
+# ---------------------------------------------------------------------------
+# umsearch run
+# ---------------------------------------------------------------------------
 
 
 @click.command("run")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-@_with_common
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+@table_options()
+@click.option("--json", "as_json", is_flag=True, help="Print the run's report as one JSON object instead of a table.")
+@click.option("--trace", default=None, metavar="FILE",
               help="Write the measured timeline (median iteration) as Chrome-trace JSON here.")  # fmt: skip
-@click.option("--print-launch", is_flag=True, help="Print the torchrun command for a cluster and exit.")
+@click.option("--print-launch", is_flag=True, help="Print the torchrun command for a cluster and exit (builds nothing).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes of the --print-launch command.")  # fmt: skip
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
-              help="Processes (GPUs) per node in the --print-launch command [default: 1].")  # fmt: skip
-def run_command(plan_path: str, steps: int, warmup_steps: int, backend: str, seed: int, lr: float, threads: int,
-                timeout_s: float, profile_path: str | None, as_json: bool, trace: str | None, print_launch: bool,
-                nproc_per_node: int | None) -> None:  # fmt: skip
-    """Train PLAN.json's model for a few iterations, one local torchrun process per stage, and time it."""
-    from umsearch.runtime.run import run_plan_file
-
-    plan = load_plan(plan_path)
-    if nproc_per_node is not None and not print_launch:
-        raise RuntimeExecutionError(
-            f"--nproc-per-node {nproc_per_node} only shapes the --print-launch command; a local run starts one "
-            f"process per stage ({plan.num_stages} here): drop it or add --print-launch"
-        )
-    cfg = _config(steps, warmup_steps, backend, seed, lr, threads, timeout_s)
-    spec, factory = _model(plan, plan_path, seed)
-    prof = plan_profile_path(plan, plan_path, profile_path)
-    cost = plan_cost(plan, prof)
-    # One simulation: it refuses a deadlocking plan and, with a profile, is the prediction.
-    sim = preflight(plan, factory, cost)
-    if print_launch:
-        click.echo(launch_text(plan_path, plan, cfg, nproc_per_node or 1))
+              help="Processes per node in the --print-launch command [default: ranks / nnodes].")  # fmt: skip
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="c10d rendezvous of the --print-launch command (needed for --nnodes > 1).")  # fmt: skip
+@click.option("--node-rank", type=click.IntRange(min=0), default=None,
+              help="Node the --print-launch command is for; the line is the same on every node.")  # fmt: skip
+@one_line_errors
+def run_command(plan_path: str, **values: Any) -> None:
+    """Train PLAN.json's model for a few iterations, one local torchrun process per rank, and time it."""
+    cfg, choice, extra = split_values(values)
+    if not extra["print_launch"]:
+        for name in ("nproc_per_node", "rdzv_endpoint", "node_rank"):
+            if extra[name] is not None:
+                flag = "--" + name.replace("_", "-")
+                raise RuntimeExecutionError(f"{flag} only shapes the --print-launch command; a local run starts one "
+                                            "process per rank of the plan: drop it or add --print-launch")  # fmt: skip
+        if extra["nnodes"] != 1:
+            raise RuntimeExecutionError("--nnodes only shapes the --print-launch command; drop it or add --print-launch")
+    for flag, path in (("--out", cfg.out), ("--trace", extra["trace"])):
+        if path is not None and not extra["print_launch"]:
+            check_writable(path, flag)
+    loaded = load_checked(plan_path, choice)
+    if extra["print_launch"]:
+        click.echo(launch_text(plan_path, loaded.plan, cfg, choice, nnodes=extra["nnodes"],
+                               nproc_per_node=extra["nproc_per_node"], rdzv_endpoint=extra["rdzv_endpoint"],
+                               node_rank=extra["node_rank"]))  # fmt: skip
         return
-    _warn(run_warnings(plan, prof, cfg))
-    result = run_plan_file(plan_path, plan.num_stages, cfg)
-    predicted = sim.iteration_ms if cost is not None else (plan.predicted or {}).get("iteration_ms")
-    median_step = result.median_step(warmup_steps)
-    quartiles = result.quartiles_ms(warmup_steps)
+    _run_local(plan_path, loaded, cfg, choice, as_json=extra["as_json"], trace=extra["trace"])
+
+
+def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: ModelChoice, *, as_json: bool,
+               trace: str | None) -> None:  # fmt: skip
+    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.preflight import check_layers, count_layers
+    from umsearch.runtime.run import run_document, run_plan_file
+
+    spec = loaded.require_model()  # trusted: load_checked said so
+    check_layers(loaded.plan, count_layers(spec_factory(spec, cfg.seed)))
+    _warn(run_warnings(loaded, cfg))
+    result = run_plan_file(plan_path, loaded.plan.ranks, cfg, choice)
+    median = result.median_step(cfg.warmup_steps)
+    doc = run_document(result, cfg, meta={"plan": str(plan_path), "model": spec.to_json()})
+    doc["predicted_iteration_ms"] = predicted_ms(loaded)
+    doc["trace"] = trace
     if trace:
         from umsearch.cli.pictures import write_chrome_trace
 
-        write_chrome_trace(median_step.ops, trace, source="measured",
-                           metadata={"plan": str(plan_path), "iteration_ms": median_step.iteration_ms})  # fmt: skip
+        meta = {"plan": str(plan_path), "iteration_ms": median.iteration_ms}
+        write_output(trace, "--trace", lambda p: write_chrome_trace(median.records, p, source="measured", metadata=meta))
+    if cfg.out:
+        from umsearch.core.jsonio import write_json
+
+        write_output(cfg.out, "--out", lambda p: write_json(p, doc))
     if as_json:
-        click.echo(json.dumps({
-            "plan": str(plan_path), "model": spec, "backend": backend, "steps": _step_rows(result),
-            "warmup_steps": warmup_steps, "median_iteration_ms": median_step.iteration_ms,
-            "quartiles_ms": list(quartiles), "predicted_iteration_ms": predicted, "trace": trace,
-        }))  # fmt: skip
+        click.echo(json.dumps(doc))
         return
-    _print_run(result, median_step.iteration_ms, quartiles, warmup_steps, predicted, trace)
+    _print_run(result, cfg.warmup_steps, doc["predicted_iteration_ms"], trace)
 
 
-def _print_run(result: Any, median: float, quartiles: tuple[float, float], skip: int, predicted: float | None,
-               trace: str | None) -> None:  # fmt: skip
+def _print_run(result: Any, skip: int, predicted: float | None, trace: str | None) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="measured iterations", title_justify="left")
@@ -205,69 +328,81 @@ def _print_run(result: Any, median: float, quartiles: tuple[float, float], skip:
         loss = "-" if s.loss is None else f"{s.loss:.6f}"
         table.add_row(str(i), f"{s.iteration_ms:.3f}", f"{s.step_ms:.3f}", loss)
     console.print(table)
-    kept = len(result.kept(skip))
-    line = (f"median iteration [bold]{median:.3f} ms[/], IQR {quartiles[0]:.3f}-{quartiles[1]:.3f} ms "
-            f"(of the last {kept} step(s))")  # fmt: skip
+    median = result.median_iteration_ms(skip)
+    q1, q3 = result.quartiles_ms(skip)
+    line = (f"median iteration [bold]{median:.3f} ms[/], IQR {q1:.3f}-{q3:.3f} ms "
+            f"(of the last {len(result.kept(skip))} step(s))")  # fmt: skip
     if predicted is not None:
         line += f"; predicted {predicted:.3f} ms ({(predicted - median) / median:+.1%})"
     console.print(line)
     if trace:
-        console.print(f"Chrome trace of the median iteration: {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
+        console.print(f"Chrome trace of the median iteration: {escape(trace)} "
+                      "(open in https://ui.perfetto.dev or chrome://tracing)")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
+# umsearch validate
+# ---------------------------------------------------------------------------
+
+_VALIDATE_EXCLUDE = ("steps", "out", "collect_grads")
 
 
 @click.command("validate")
 @click.argument("plan_paths", metavar="PLAN.json...", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@_with_common
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the comparison JSON here.")
+@table_options(exclude=_VALIDATE_EXCLUDE)
+@click.option("--rounds", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Measured rounds per plan after warm-up; every round runs each plan once, in a rotated order.")  # fmt: skip
+@click.option("--out", "out_path", default=None, metavar="FILE",
+              help="Write the comparison JSON here.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def validate_command(plan_paths: tuple[str, ...], steps: int, warmup_steps: int, backend: str, seed: int, lr: float,
-                     threads: int, timeout_s: float, profile_path: str | None, out: str | None,
-                     as_json: bool) -> None:  # fmt: skip
-    """Run each PLAN.json for real and compare its iteration time with the simulator's prediction."""
-    from umsearch.runtime.fidelity import mape, measure_plan
+@one_line_errors
+def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
+    """Run PLAN.json files for real, side by side in one set of processes, against the simulator's prediction."""
+    from umsearch.runtime.fidelity import contender, fidelity_document, measure_contenders
 
-    cfg = _config(steps, warmup_steps, backend, seed, lr, threads, timeout_s)
-    rows = []
+    cfg, choice, extra = split_values(values)
+    out = extra["out_path"]
+    if out is not None:
+        check_writable(out, "--out")
+    contenders = []
     warned: set[str] = set()
     for path in plan_paths:
-        plan = load_plan(path)
-        prof = plan_profile_path(plan, path, profile_path)
-        cost = plan_cost(plan, prof)
-        if cost is None:
-            raise PlanError(f"{path}: no profile to predict with; pass --profile PROFILE.json")
-        fresh = [w for w in run_warnings(plan, prof, cfg) if w not in warned]
+        loaded = load_checked(path, choice, require_profile=True)
+        fresh = [w for w in run_warnings(loaded, cfg) if w not in warned]
         _warn(fresh)
         warned.update(fresh)
-        rows.append(measure_plan(path, plan, cost, _model(plan, path, seed)[1], cfg))
-    error = mape(rows)
-    doc = {"schema": "umsearch.fidelity/1", "mape_percent": error, "warmup_steps": warmup_steps,
-           "steps": steps, "backend": backend, "threads": threads, "cpus": usable_cpus(),
-           "plans": [r.to_json() for r in rows]}  # fmt: skip
+        contenders.append(contender(path, loaded, cfg.seed))
+    report = measure_contenders(contenders, cfg, rounds=extra["rounds"])
+    doc = fidelity_document(report, cfg, cpus=usable_cpus())
     if out:
         from umsearch.core.jsonio import write_json
 
-        write_json(out, doc)
-    if as_json:
+        write_output(out, "--out", lambda p: write_json(p, doc))
+    if extra["as_json"]:
         click.echo(json.dumps(doc))
         return
-    _print_fidelity(rows, error, out)
+    _print_fidelity(report, out)
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
 
-def _print_fidelity(rows: list[Any], mape_percent: float, out: str | None) -> None:
+def _print_fidelity(report: Any, out: str | None) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="predicted vs measured", title_justify="left")
-    for col in ("plan", "predicted ms", "measured ms", "IQR ms", "error", "busy error"):
+    for col in ("plan", "predicted ms", "measured ms", "95% CI ms", "error", "busy error"):
         table.add_column(col, justify="left" if col == "plan" else "right")
-    for r in rows:
-        q1, q3 = r.measured_quartiles_ms
-        table.add_row(r.name, f"{r.predicted_ms:.3f}", f"{r.measured_ms:.3f}", f"{q1:.3f}-{q3:.3f}", _pct(r.error),
-                      " ".join(_pct(e) for e in r.busy_error))  # fmt: skip
+    for r in report.rows:
+        lo, hi = r.measured_ci_ms
+        table.add_row(escape(r.name), f"{r.predicted_ms:.3f}", f"{r.measured_ms:.3f}", f"{lo:.3f}-{hi:.3f}",
+                      _pct(r.error), " ".join(_pct(e) for e in r.busy_error))  # fmt: skip
     console.print(table)
-    console.print("busy error: per stage, predicted vs measured compute time (the cost model alone); "
-                  "the rest of the iteration error is communication and waiting")  # fmt: skip
-    console.print(f"MAPE [bold]{mape_percent:.1f}%[/]" + (f"; written to {out}" if out else ""))
+    console.print("busy error: per rank, predicted vs measured compute time (the cost model alone); the rest of "
+                  "the iteration error is communication and waiting")  # fmt: skip
+    console.print(f"measured: median of {report.rounds} rounds per plan (95% CI: bootstrap); IQR and every round "
+                  "are in --out/--json")  # fmt: skip
+    console.print(f"machine drift: {report.drift_text()}")
+    console.print(f"MAPE [bold]{report.mape_percent:.1f}%[/]" + (f"; written to {escape(out)}" if out else ""))

@@ -1,228 +1,377 @@
-"""Measure a model layer by layer into a ``umsearch.core.profile/1``.
+"""Measure a model layer by layer into a ``umsearch.profile/2``, so that the machine's noise cancels.
 
-Layer i is fed layer i-1's real output. Forward and backward are timed with
-warm-up runs and the median of several repeats (CUDA events on GPU,
-``perf_counter`` on CPU). Stash bytes are what autograd really saves
-(``saved_tensors_hooks``), counting each storage once and leaving out the
-layer's own parameters, which ``param_bytes`` already holds.
+1. Chain pass: every size runs the model once, layer by layer, each layer fed
+   the real output of the one before. It records each layer's input (kept for
+   the timing), its output bytes, the bytes autograd saves
+   (:mod:`umsearch.measure.stash`), and its structural signature. Sizes that
+   run out of memory end the list.
+2. Pooling: layers with equal signatures (:mod:`umsearch.measure.pooling`)
+   form one group, measured together and given one estimate.
+3. Rounds (:mod:`umsearch.measure.rounds`): after ``warmup_rounds`` untimed
+   rounds, ``repeats`` rounds each time every (group, size) cell once in a
+   shuffled order, a different member of a group each round. One cell's
+   measurement is a burst (:mod:`umsearch.measure.burst`); the round's sample
+   is the burst's median. A few rounds also time stage-sized ranges (halves
+   and quarters of the model) end to end: the calibration check.
+4. Fit (:mod:`umsearch.measure.fit`): per group and quantity, the raw median
+   and IQR of the rounds at each size, and the monotone fit over all rounds,
+   which is the profile's value.
+5. Quality (:mod:`umsearch.measure.quality`): spreads, pooled groups,
+   calibration and a verdict.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import LayerProfile, Link, Profile
+from umsearch.measure.burst import QUANTITIES, Unit, burst, leaf
+from umsearch.measure.fit import Curve, fit_curve, iqr, median
 from umsearch.measure.models import BuiltModel, ModelSpec
+from umsearch.measure.pooling import Signature, module_signature, pool_groups, tensor_signature
+from umsearch.measure.quality import assess
+from umsearch.measure.rounds import Cell, calibration_rounds, schedule
+from umsearch.measure.stash import saved_bytes, tensor_bytes
+
+Step = Callable[[str], None]
+"""Progress callback: called once per step with a description of the step just done."""
 
 Tick = Callable[[str, int], None]
+"""Progress callback with the total: ``tick(step just done, total steps of the whole run)``."""
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-T = TypeVar("T")
+DEFAULT_REPEATS = 15
+"""Timed rounds by default: a median with a usable spread, and a 16-layer zoo model in well under a minute."""
 
 IN_FLIGHT = 8
-"""Fewest forwards whose graphs a measurement keeps alive at once, as a pipeline stage keeps several."""
+"""Forwards per burst, every graph kept alive, as a pipeline stage keeps several."""
+
+ORDER = "rounds; each visits every (layer group, size) cell once in a seeded random order"
 
 
-def _timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
-    """``fn()`` and its wall time in ms (device work included)."""
-    _sync(device)
-    t = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return out, (time.perf_counter() - t) * 1e3
+@dataclass(frozen=True, kw_only=True)
+class ProfileConfig:
+    """How to measure."""
+
+    sizes: tuple[int, ...]
+    """Microbatch sizes, ascending, starting at 1."""
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Where to measure."""
+    repeats: int = DEFAULT_REPEATS
+    """Timed rounds: every cell gets one sample per round; values are medians over rounds."""
+    in_flight: int = IN_FLIGHT
+    """Forwards (graphs kept) per burst; the round's sample is the burst's median."""
+    warmup_rounds: int = 1
+    """Untimed rounds first (code paths, allocator and caches warm)."""
+    calibration_rounds: int = 3
+    """Rounds (spread over the run) that also time stage-sized ranges end to end (a range costs as
+    much as all of its layers, so not every round)."""
+    pool: bool = True
+    """Measure structurally identical layers as one group with one estimate."""
+    split: bool = True
+    """Measure the split backward (``bwd_input_ms``, ``bwd_weight_ms``)."""
+    seed: int = 0
+    """Seed of the round order."""
 
 
-def _pipelined_ms(fwd: Callable[[], torch.Tensor], device: torch.device, repeats: int, warmup: int) -> tuple[float, float]:
-    """Median forward and backward ms of ``fwd``'s graph, timed the way a pipeline stage runs them.
-
-    A stage keeps each forward's graph until that microbatch's backward, so
-    every forward of an iteration writes memory the previous forwards do not
-    free, and every backward reads stashes that have left the cache. Timing
-    forwards in a loop that frees each output reuses hot memory instead: on
-    this project's CPU such forwards came out 25-35% faster than the same
-    forwards inside the runtime. So, after ``warmup`` forward-backward pairs
-    (code paths warm), ``max(repeats, IN_FLIGHT)`` forwards run with every graph
-    kept, then their backwards, last first. A layer whose output needs no
-    gradient (a parameter-free first layer) has no backward.
-    """
-    for _ in range(warmup):
-        o = fwd()
-        if o.requires_grad:
-            o.backward(torch.ones_like(o))
-    outs: list[torch.Tensor] = []
-    f_times: list[float] = []
-    for _ in range(max(repeats, IN_FLIGHT)):
-        out, ms = _timed(fwd, device)
-        outs.append(out)
-        f_times.append(ms)
-    if not outs[0].requires_grad:
-        return statistics.median(f_times), 0.0
-    grad = torch.ones_like(outs[0])
-    b_times = []
-    while outs:
-        o = outs.pop()
-        b_times.append(_timed(lambda: o.backward(grad), device)[1])  # noqa: B023 - called at once
-    return statistics.median(f_times), statistics.median(b_times)
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+# ------------------------------------------------------------------------------------ chain pass
+@dataclass(frozen=True, kw_only=True)
+class Chain:
+    """What one pass of the model at every size leaves: real inputs, bytes, signatures."""
+
+    sizes: tuple[int, ...]
+    """Sizes that fit in memory (a prefix of the requested ones)."""
+    inputs: dict[int, list[torch.Tensor]]
+    """Per size, the real input of every layer (detached)."""
+    targets: dict[int, torch.Tensor]
+    """Per size, the loss targets."""
+    out_bytes: tuple[float, ...]
+    """Per layer, output bytes per sample (at the largest size)."""
+    stash_bytes: tuple[float, ...]
+    """Per layer, saved bytes per sample (at the largest size)."""
+    signatures: tuple[Signature, ...]
+    """Per layer, everything that must match for two layers to be pooled."""
+    input_bytes: float
+    """Bytes of one input sample of layer 0."""
 
 
-def saved_bytes(
-    module: torch.nn.Module, x: torch.Tensor, then: Callable[[torch.Tensor], object] | None = None
-) -> tuple[torch.Tensor, int]:
-    """Run ``module(x)`` recording the bytes autograd saves, shared storage once, parameters excluded.
-
-    ``then`` (the loss, on the last layer) runs on the output inside the recording: what the
-    loss saves is also kept until the last stage's backward.
-    """
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = module(x)
-        if then is not None and isinstance(out, torch.Tensor):
-            then(out)
-    return out, sum(seen.values())
+_Row = tuple[float, float, Signature]
+"""Per layer at one size: output bytes per sample, stash bytes per sample, shapes and stash."""
 
 
-def _as_input(x: torch.Tensor, first: bool) -> torch.Tensor:
-    x = x.detach()
-    if not first and x.is_floating_point():
-        x.requires_grad_(True)
-    return x
+def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor, list[_Row]]:
+    x, y = (t.to(device) for t in built.make_batch(b, g))
+    L = len(built.layers)
+    inputs: list[torch.Tensor] = []
+    rows: list[_Row] = []
+    for i, m in enumerate(built.layers):
+        last = i == L - 1
+        inp = leaf(x, i == 0)
+        out, stash = saved_bytes(m, inp, (lambda o: built.loss(o, y)) if last else None)
+        if not isinstance(out, torch.Tensor):
+            raise ProfilingError(f"layer {built.names[i]} ({type(m).__name__}) returned {type(out).__name__}, "
+                                 "not a tensor; each layer must map one tensor to one tensor")  # fmt: skip
+        root = built.loss(out, y) if last else out
+        if root.requires_grad:  # one backward warms the code paths the bursts will take
+            root.backward(None if last else torch.ones_like(root))
+        m.zero_grad(set_to_none=True)
+        inputs.append(x.detach())
+        rows.append((tensor_bytes(out) / b, stash / b, (tensor_signature(x), tensor_signature(out), stash)))
+        x = out.detach()
+    return inputs, y, rows
 
 
-def measure_layer(
-    module: torch.nn.Module, x: torch.Tensor, last: bool, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    y: torch.Tensor, device: torch.device, repeats: int, warmup: int, *, first: bool,
-) -> tuple[float, float, torch.Tensor, int]:  # fmt: skip
-    """(forward ms, backward ms, output, stash bytes) of one layer on one microbatch.
-
-    ``first``: the layer starts the model, so (as on stage 0) its input is data and needs no
-    gradient; any other layer's floating-point input requires grad, as in a pipeline stage.
-    """
-    inp = _as_input(x, first)
-
-    def fwd() -> torch.Tensor:
-        out = module(inp)
-        return loss(out, y) if last else out
-
-    f_ms, b_ms = _pipelined_ms(fwd, device, repeats, warmup)
-    out, stash = saved_bytes(module, inp, (lambda o: loss(o, y)) if last else None)
-    if not isinstance(out, torch.Tensor):
-        raise ProfilingError(f"layer {type(module).__name__} returned {type(out).__name__}, not a tensor; "
-                             "each layer must map one tensor to one tensor")  # fmt: skip
-    module.zero_grad(set_to_none=True)
-    return f_ms, b_ms, out.detach(), stash
-
-
-def profile_model(
-    built: BuiltModel, spec: ModelSpec, *, sizes: Sequence[int], device: torch.device, repeats: int,
-    warmup: int = 2, link: Link, tick: Tick | None = None,
-) -> Profile:  # fmt: skip
-    """Measure every layer at every size (sizes that run out of memory end the list)."""
-    for m in built.layers:
-        m.to(device)
+def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tick: Step | None = None) -> Chain:
+    """Run every size through the model once (see the module doc); sizes that run out of memory end the list."""
     g = torch.Generator().manual_seed(0)
     L = len(built.layers)
-    fwd: list[list[float]] = [[] for _ in range(L)]
-    bwd: list[list[float]] = [[] for _ in range(L)]
-    out_b = [0.0] * L
-    stash_b = [0.0] * L
-    input_bytes = 0.0
-    done: list[int] = []
+    inputs: dict[int, list[torch.Tensor]] = {}
+    targets: dict[int, torch.Tensor] = {}
+    per_size: list[list[_Row]] = []
     for b in sizes:
-        x, y = (t.to(device) for t in built.make_batch(b, g))
         try:
-            row = []
-            for i, m in enumerate(built.layers):
-                row.append(measure_layer(m, x, i == L - 1, built.loss, y, device, repeats, warmup, first=i == 0))
-                x = row[-1][2]
-                if tick:
-                    tick(built.names[i], b)
-        except torch.OutOfMemoryError:
-            break
-        except RuntimeError as exc:
-            if "out of memory" not in str(exc):
+            inputs[b], targets[b], rows = _one_size(built, b, g, device)
+        except Exception as exc:
+            if not _is_oom(exc):
                 raise
             break
-        done.append(b)
-        if b == 1:
-            input_bytes = float(tensor_bytes(built.make_batch(1, torch.Generator().manual_seed(0))[0]))
-        for i, (f, bw, out, stash) in enumerate(row):
-            fwd[i].append(f)
-            bwd[i].append(bw)
-            out_b[i] = tensor_bytes(out) / b
-            stash_b[i] = stash / b
+        per_size.append(rows)
+        if tick:
+            tick(f"chain pass b={b}")
+    done = tuple(inputs)
     if len(done) < 2:
-        raise ProfilingError(f"only sizes {done} fit in memory; at least 1 and 2 must run to extrapolate")
-    layers = tuple(
-        LayerProfile(name=built.names[i], fwd_ms=tuple(fwd[i]), bwd_ms=tuple(bwd[i]), out_bytes=out_b[i],
-                     stash_bytes=stash_b[i], param_bytes=float(sum(tensor_bytes(p) for p in built.layers[i].parameters())))
-        for i in range(L)
+        raise ProfilingError(f"only sizes {list(done)} of {list(sizes)} fit in memory; at least two must run "
+                             "(times above the largest are extrapolated from the last two); use a smaller model")  # fmt: skip
+    role = ["first" if i == 0 else "last" if i == L - 1 else "inner" for i in range(L)]
+    if L == 1:
+        role = ["only"]
+    sigs = tuple((role[i], module_signature(built.layers[i]), tuple(rows[i][2] for rows in per_size)) for i in range(L))
+    first = built.make_batch(1, torch.Generator().manual_seed(0))[0]
+    return Chain(sizes=done, inputs=inputs, targets=targets,
+                 out_bytes=tuple(per_size[-1][i][0] for i in range(L)),
+                 stash_bytes=tuple(per_size[-1][i][1] for i in range(L)),
+                 signatures=sigs, input_bytes=float(tensor_bytes(first) / first.shape[0]))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- rounds
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """What a cell times: a group of identical layers (one member per round) or a layer range."""
+
+    name: str
+    """For progress and reports."""
+    layers: tuple[int, ...]
+    """The group's members, or the range's layers (ascending, contiguous)."""
+    span: bool = False
+    """The layers run together as one stage-sized range."""
+
+
+def group_name(names: Sequence[str], members: Sequence[int]) -> str:
+    """``block3`` for one layer, ``block0..block13 (14 pooled)`` for a group."""
+    if len(members) == 1:
+        return names[members[0]]
+    return f"{names[members[0]]}..{names[members[-1]]} ({len(members)} pooled)"
+
+
+def _unit(target: Target, r: int, b: int, built: BuiltModel, chain: Chain) -> Unit:
+    if target.span:
+        lo, hi = target.layers[0], target.layers[-1] + 1
+        module: torch.nn.Module = torch.nn.Sequential(*built.layers[lo:hi])
+    else:
+        lo = target.layers[r % len(target.layers)]
+        hi, module = lo + 1, built.layers[lo]
+    L = len(built.layers)
+    return Unit(module=module, x=chain.inputs[b][lo], y=chain.targets[b], loss=built.loss, first=lo == 0, last=hi == L)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """Per-round samples of every cell."""
+
+    samples: dict[Cell, dict[str, list[float]]]
+    """Per cell, per quantity, one sample (the burst's median, ms) per timed round."""
+    sizes: tuple[int, ...]
+    """Sizes measured in every round (a size whose burst ran out of memory ends the list)."""
+    cpu_share: tuple[float, ...]
+    """Per timed round: process CPU time over wall time."""
+    duration_s: float
+    """Wall time of all rounds."""
+
+
+def measure_cells(
+    targets: Sequence[Target], cells: Sequence[Cell], built: BuiltModel, chain: Chain, config: ProfileConfig, *,
+    extra: Sequence[Cell] = (), tick: Step | None = None,
+) -> Measured:  # fmt: skip
+    """Run the rounds of ``cells`` (and ``extra`` in the calibration rounds); see the module doc."""
+    warm, R = config.warmup_rounds, config.repeats
+    marked = [warm + r for r in calibration_rounds(R, config.calibration_rounds)] if extra else []
+    plan = schedule(cells, warm + R, seed=config.seed, extra=extra, extra_rounds=marked)
+    samples: dict[Cell, dict[str, list[float]]] = {c: {q: [] for q in QUANTITIES} for c in [*cells, *extra]}
+    too_big = None
+    shares = []
+    start = time.perf_counter()
+    for r, cells_r in enumerate(plan):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for cell in cells_r:
+            if too_big is None or cell.size < too_big:
+                try:
+                    got = burst(_unit(targets[cell.target], r, cell.size, built, chain), device=config.device,
+                                in_flight=config.in_flight, split=config.split)  # fmt: skip
+                except Exception as exc:
+                    if not _is_oom(exc):
+                        raise
+                    too_big = cell.size
+                    got = {}
+                if r >= warm:
+                    for q, xs in got.items():
+                        if xs:
+                            samples[cell][q].append(median(xs))
+            if tick:
+                phase = f"warm-up {r + 1}/{warm}" if r < warm else f"round {r - warm + 1}/{R}"
+                tick(f"{phase}: {targets[cell.target].name} b={cell.size}")
+        if r >= warm:
+            shares.append((time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9))
+    sizes = tuple(sorted({c.size for c in cells if too_big is None or c.size < too_big}))
+    return Measured(samples=samples, sizes=sizes, cpu_share=tuple(shares), duration_s=time.perf_counter() - start)
+
+
+def steps(config: ProfileConfig, cells: int, extra: int) -> int:
+    """Progress steps of :func:`measure_cells` (one per cell per round)."""
+    marked = len(calibration_rounds(config.repeats, config.calibration_rounds)) if extra else 0
+    return (config.warmup_rounds + config.repeats) * cells + marked * extra
+
+
+# ------------------------------------------------------------------------------------ the profile
+def calibration_spans(L: int) -> list[tuple[int, int]]:
+    """Stage-sized ranges checked end to end: the halves and the first two quarters."""
+    return sorted(s for s in {(0, L // 2), (L // 2, L), (0, L // 4), (L // 4, L // 2)} if s[1] > s[0])
+
+
+def _curves(measured: Measured, g: int, split: bool) -> dict[str, Curve]:
+    wanted = QUANTITIES if split else ("fwd", "bwd")
+    return {q: fit_curve([measured.samples[Cell(g, b)][q] for b in measured.sizes]) for q in wanted}
+
+
+def _layer(built: BuiltModel, chain: Chain, i: int, curves: dict[str, Curve]) -> LayerProfile:
+    def fitted(q: str) -> tuple[float, ...] | None:
+        return curves[q].fitted if q in curves else None
+
+    return LayerProfile(
+        name=built.names[i], fwd_ms=curves["fwd"].fitted, bwd_ms=curves["bwd"].fitted,
+        bwd_input_ms=fitted("bwd_input"), bwd_weight_ms=fitted("bwd_weight"),
+        out_bytes=chain.out_bytes[i], stash_bytes=chain.stash_bytes[i],
+        param_bytes=float(sum(tensor_bytes(p) for p in built.layers[i].parameters())),
+        spread_ms={q: c.spread for q, c in curves.items()}, raw_ms={q: c.raw for q, c in curves.items()},
     )  # fmt: skip
-    where = device_name(device)
-    extra = {"model_spec": spec.to_json(), "largest_size_that_fit": done[-1], "requested_sizes": list(sizes),
-             "calibration": calibrate(built, fwd, bwd, done, device, repeats, warmup)}  # fmt: skip
-    return Profile(model=f"{spec.source} {spec.args}", device=where, dtype="float32", microbatch_sizes=tuple(done),
-                   input_bytes=input_bytes, layers=layers, link=link, extra=extra)  # fmt: skip
+
+
+def _calibration(measured: Measured, layers: Sequence[LayerProfile], spans: Sequence[tuple[int, int]],
+                 first_range: int, size: int) -> list[dict[str, Any]]:  # fmt: skip
+    if size not in measured.sizes:
+        return []
+    k = measured.sizes.index(size)
+    out = []
+    for n, (lo, hi) in enumerate(spans):
+        s = measured.samples[Cell(first_range + n, size)]
+        got = median(s["fwd"]) + median(s["bwd"])
+        total = sum(layers[i].fwd_ms[k] + layers[i].bwd_ms[k] for i in range(lo, hi))
+        out.append({"layers": [lo, hi], "size": size, "measured_ms": got, "spread_ms": iqr(s["fwd"]) + iqr(s["bwd"]),
+                    "sum_ms": total, "error": got / total - 1 if total > 0 else 0.0})  # fmt: skip
+    return out
 
 
 def device_name(device: torch.device) -> str:
+    """Where the profile was measured, honestly: GPU name, or CPU model and thread count."""
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
     cpu = "cpu"
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
     return f"cpu: {cpu}, {torch.get_num_threads()} thread(s)"
 
 
-def calibrate(
-    built: BuiltModel, fwd: list[list[float]], bwd: list[list[float]], sizes: Sequence[int],
-    device: torch.device, repeats: int, warmup: int,
-) -> list[dict[str, object]]:  # fmt: skip
-    """Stage-sized ranges (halves and quarters) timed end to end vs the sum of their layers."""
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def cpu_share_of(measured: Measured, device: torch.device) -> float | None:
+    """Median CPU share per round, judged only for a single-threaded CPU profile."""
+    if device.type != "cpu" or torch.get_num_threads() != 1 or not measured.cpu_share:
+        return None
+    return float(statistics.median(measured.cpu_share))
+
+
+def profile_model(
+    built: BuiltModel, spec: ModelSpec, config: ProfileConfig, *, link: Link, tick: Tick | None = None
+) -> Profile:
+    """Measure every layer at every size of ``config`` into a profile with its quality report."""
+    from umsearch.adapters import check_layer_outputs
+
+    for m in built.layers:
+        m.to(config.device)
+    sample = built.make_batch(1, torch.Generator().manual_seed(config.seed))[0]
+    check_layer_outputs(built.layers, built.names, sample.to(config.device))
+    load_before, start = _loadavg(), time.perf_counter()
     L = len(built.layers)
-    size = sizes[len(sizes) // 2]
-    k = sizes.index(size)
-    g = torch.Generator().manual_seed(1)
-    x0, y = (t.to(device) for t in built.make_batch(size, g))
-    inputs = [x0]
-    with torch.no_grad():
-        for m in built.layers:
-            inputs.append(m(inputs[-1]))
-    out = []
-    bounds = sorted({(0, L // 2), (L // 2, L), (0, L // 4), (L // 4, L // 2)} - {(0, 0)})
-    for lo, hi in bounds:
-        if hi <= lo:
-            continue
-        stage = torch.nn.Sequential(*built.layers[lo:hi])
-        f, b, _, _ = measure_layer(stage, inputs[lo], hi == L, built.loss, y, device, repeats, warmup, first=lo == 0)
-        total = sum(fwd[i][k] + bwd[i][k] for i in range(lo, hi))
-        out.append({"layers": [lo, hi], "size": size, "measured_ms": f + b, "sum_ms": total,
-                    "error": (f + b) / total - 1 if total > 0 else 0.0})  # fmt: skip
-    return out
+    spans = calibration_spans(L)
+    total = [len(config.sizes) + steps(config, L * len(config.sizes), len(spans))]  # exact once pooled
+
+    def step(what: str) -> None:
+        if tick:
+            tick(what, total[0])
+
+    chain = run_chain(built, config.sizes, config.device, step)
+    groups = pool_groups(chain.signatures) if config.pool else [[i] for i in range(L)]
+    targets = [Target(name=group_name(built.names, g), layers=tuple(g)) for g in groups]
+    targets += [Target(name=f"layers {lo}..{hi - 1}", layers=tuple(range(lo, hi)), span=True) for lo, hi in spans]
+    mid = chain.sizes[len(chain.sizes) // 2]
+    cells = [Cell(t, b) for t in range(len(groups)) for b in chain.sizes]
+    extra = [Cell(len(groups) + n, mid) for n in range(len(spans))]
+    total[0] = len(chain.sizes) + steps(config, len(cells), len(extra))
+    measured = measure_cells(targets, cells, built, chain, config, extra=extra, tick=step)
+    if len(measured.sizes) < 2:
+        raise ProfilingError(f"only sizes {list(measured.sizes)} fit in memory with {config.in_flight} graphs "
+                             "alive; at least two must run; use a smaller model")  # fmt: skip
+    curves = [_curves(measured, g, config.split) for g in range(len(groups))]
+    group_of = {i: g for g, members in enumerate(groups) for i in members}
+    layers = tuple(_layer(built, chain, i, curves[group_of[i]]) for i in range(L))
+    calibration = _calibration(measured, layers, spans, len(groups), mid)
+    share = cpu_share_of(measured, config.device)
+    quality = assess(layers, groups=groups, calibration=calibration, rounds=config.repeats, cpu_share=share)
+    measurement = {
+        "method": "interleaved rounds, pooled identical layers, monotone fit (umsearch.measure.profiler)",
+        "rounds": config.repeats, "repeats": config.repeats, "warmup_rounds": config.warmup_rounds,
+        "in_flight": config.in_flight, "order": ORDER, "seed": config.seed,
+        "calibration_rounds": len(calibration_rounds(config.repeats, config.calibration_rounds)),
+        "threads": torch.get_num_threads(), "device": str(config.device), "pooling": config.pool,
+        "split_backward": "umsearch.runtime.backward: B backward_full, I backward_input, W backward_weight (deferred)"
+        if config.split else None,
+        "duration_s": time.perf_counter() - start, "cpu_share": share,
+        "cpu_share_per_round": list(measured.cpu_share), "loadavg_1m": [load_before, _loadavg()],
+    }  # fmt: skip
+    extra_json = {"model_spec": spec.to_json(), "largest_size_that_fit": measured.sizes[-1],
+                  "requested_sizes": list(config.sizes), "calibration": calibration, "quality": quality,
+                  "pooled": quality["pooled"], "measurement": measurement}  # fmt: skip
+    return Profile(model=f"{spec.source} {spec.args}", device=device_name(config.device), dtype="float32",
+                   microbatch_sizes=measured.sizes, input_bytes=chain.input_bytes, layers=layers, link=link,
+                   extra=extra_json)  # fmt: skip

@@ -1,25 +1,44 @@
-"""The distributed runtime: execute a plan for real, one process per stage.
+"""The distributed runtime: execute a plan/2 for real, one process per rank.
 
-Library use (inside your own process group, one rank per stage)::
+Library use (inside your own process group, one process per rank)::
 
-    comm = StageComm.create(plan.num_stages, device)
-    ex = StageExecutor(plan, rank, stage_module, loss_fn, comm, optimizer=opt)
-    stats = ex.run_iteration(inputs if rank == 0 else None, targets if last else None)
+    comm = RankComm.create(plan_links(plan), device)
+    ex = StageExecutor(plan, rank, stage_modules, loss_fn, comm, optimizer=opt)
+    stats = ex.run_iteration(inputs, targets)  # inputs on the rank of stage 0, targets on the last's
 
-or let :func:`run_plan` start the processes (torchrun, one rank per stage) for
-you. The torchrun entry point, :mod:`umsearch.runtime.torchrun`, is not
-imported here, so that ``python -m umsearch.runtime.torchrun`` runs it cleanly.
+``stage_modules`` holds one module per stage the rank holds, in stage order
+(:func:`umsearch.runtime.model.stage_module` cuts them from a model). Or let
+:func:`run_plan` start the processes (torchrun, one per rank) for you.
+
+:mod:`umsearch.runtime.backward` (the split backward, also used by the
+profiler) and :mod:`umsearch.runtime.stage` (one stage's compute) need no
+process group. Names are imported on first use, so importing one submodule
+does not import the others; the torchrun entry point,
+:mod:`umsearch.runtime.torchrun`, is not exported, so that ``python -m
+umsearch.runtime.torchrun`` runs it cleanly.
 """
 
 from __future__ import annotations
 
-from umsearch.runtime.comm import Comm, StageComm
-from umsearch.runtime.config import LaunchConfig, RunConfig
-from umsearch.runtime.executor import IterationStats, OpTiming, StageExecutor
-from umsearch.runtime.launch import launch
-from umsearch.runtime.run import RunResult, StepResult, run_plan
+import importlib
+from typing import Any
 
-__all__ = [
-    "Comm", "IterationStats", "LaunchConfig", "OpTiming", "RunConfig", "RunResult", "StageComm",
-    "StageExecutor", "StepResult", "launch", "run_plan",
-]  # fmt: skip
+_EXPORTS = {
+    "Comm": "comm", "RankComm": "comm", "plan_links": "comm",
+    "LaunchConfig": "config", "RunConfig": "config",
+    "IterationStats": "executor", "StageExecutor": "executor",
+    "LayerRecord": "timing",
+    "launch": "launch",
+    "RunResult": "run", "StepResult": "run", "run_plan": "run",
+    "WeightWork": "backward", "backward_full": "backward", "backward_input": "backward",
+    "backward_weight": "backward",
+}  # fmt: skip
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,29 +1,41 @@
-"""Point-to-point links between a stage and its neighbours over ``torch.distributed``.
+"""Point-to-point links between ranks over ``torch.distributed``: one process group per directed pair.
 
-Each boundary has two process groups, one per direction (activations forward,
-gradients backward). With NCCL every group is its own communicator and CUDA
-stream, so receives posted early in one direction can never queue behind a
-send in the other; with gloo the groups are just separate channels. Within a
-direction both sides issue messages in message order; gloo additionally
-matches them by tag (the message index).
+A rank may hold several stages, so one pair of ranks can carry activations
+and gradients of several stage boundaries in both directions (interleaved,
+rank 0 -> rank 1 carries stage 0 -> 1 and stage 2 -> 3 activations and the
+stage 2 -> 1 gradients). Every directed pair ``(src, dst)`` that carries a
+message gets its own group, on which ``src`` only sends and ``dst`` only
+receives. With NCCL, which ignores tags and matches a group's messages in the
+order they are issued, each such group is its own communicator and stream:
+the receiver posts its receives in exactly the order the sender sends (the
+executor derives both from the plan), and a receive posted early on one link
+never queues behind a send on another. With gloo the groups are separate
+channels and tags (unique per message) match them as well.
 
-Every group gets the run's timeout (by default the default group's), so a
-rank waiting on a message that never comes fails after ``--timeout`` seconds
-instead of torch's 30-minute default.
+Every group gets the link timeout (by default the default group's), so a rank
+waiting on a message that never comes fails after ``--timeout`` seconds
+instead of torch's 30-minute default. :meth:`RankComm.create` ends with one
+small message on every link, in the same order on every rank: it connects
+NCCL's lazily created point-to-point communicators in an order that cannot
+deadlock (one rank initialising a link while its peer waits on another
+would), and proves every link before the first iteration.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.plan import Plan
 
-Peer = Literal["prev", "next"]
+Link = tuple[int, int]
+"""``(src, dst)``: a directed pair of ranks."""
 
 
 class Handle(Protocol):
@@ -34,103 +46,116 @@ class Handle(Protocol):
 
 
 class Comm(Protocol):
-    """What a :class:`~umsearch.runtime.executor.StageExecutor` needs to talk to its neighbours."""
+    """What a :class:`~umsearch.runtime.executor.StageExecutor` needs to talk to the other ranks."""
 
     @property
     def device(self) -> torch.device: ...
-    def isend(self, peer: Peer, tensor: torch.Tensor, tag: int) -> Handle: ...
-    def irecv(self, peer: Peer, buffer: torch.Tensor, tag: int) -> Handle: ...
+    def isend(self, dst: int, tensor: torch.Tensor, tag: int) -> Handle: ...
+    def irecv(self, src: int, buffer: torch.Tensor, tag: int) -> Handle: ...
     def barrier(self) -> None: ...
 
 
-class StageComm:
-    """The links of one stage in a pipeline that runs one rank per stage."""
+def plan_links(plan: Plan) -> tuple[Link, ...]:
+    """Every directed pair of ranks that carries a message of ``plan``, sorted (the same on every rank)."""
+    links: set[Link] = set()
+    for a, b in zip(plan.stages, plan.stages[1:], strict=False):
+        if a.rank != b.rank:
+            links.add((a.rank, b.rank))  # activations
+            links.add((b.rank, a.rank))  # gradients
+    return tuple(sorted(links))
 
-    def __init__(
-        self,
-        *,
-        stage: int,
-        ranks: Sequence[int],
-        forward_groups: Sequence[dist.ProcessGroup | None],
-        backward_groups: Sequence[dist.ProcessGroup | None],
-        device: torch.device,
-    ) -> None:
-        self.stage = stage
-        self.ranks = tuple(ranks)
-        self._fwd = list(forward_groups)  # _fwd[s]: activations s -> s+1
-        self._bwd = list(backward_groups)  # _bwd[s]: gradients s+1 -> s
+
+class RankComm:
+    """The links of one rank: a process group per directed pair of ranks that exchanges messages."""
+
+    def __init__(self, *, rank: int, groups: dict[Link, dist.ProcessGroup], device: torch.device) -> None:
+        self.rank = rank
+        self._groups = groups
         self._device = device
 
     @classmethod
-    def create(cls, num_stages: int, device: torch.device, ranks: Sequence[int] | None = None,
-               timeout: timedelta | None = None) -> StageComm:  # fmt: skip
-        """Build the per-boundary groups; every rank of the default group must call this alike.
+    def create(cls, links: Sequence[Link], device: torch.device, timeout: timedelta | None = None) -> RankComm:
+        """Build one group per link; every rank of the default group must call this with the same ``links``.
 
-        ``ranks[s]`` is the global rank running stage ``s`` (default: rank s).
         ``timeout`` bounds every wait on a link (default: the default group's
         timeout, as given to ``init_process_group``).
         """
         if not dist.is_initialized():
             raise RuntimeExecutionError(
-                "torch.distributed is not initialised; call init_process_group first "
-                "(umsearch run does it for you)"
+                "torch.distributed is not initialised; call init_process_group first (umsearch run does it for you)"
             )
-        ranks = list(range(num_stages)) if ranks is None else list(ranks)
-        if len(ranks) != num_stages or len(set(ranks)) != num_stages:
-            raise RuntimeExecutionError(f"need {num_stages} distinct ranks for the stages, got {ranks}")
-        me = dist.get_rank()
-        if me not in ranks:
-            raise RuntimeExecutionError(f"rank {me} runs no stage of {ranks}")
+        me, world = dist.get_rank(), dist.get_world_size()
+        bad = [link for link in links if link[0] == link[1] or not all(0 <= r < world for r in link)]
+        if bad:
+            raise RuntimeExecutionError(f"link {bad[0]} is not a pair of distinct ranks among the {world} started")
         timeout = timeout if timeout is not None else default_group_timeout()
-        fwd: list[dist.ProcessGroup | None] = []
-        bwd: list[dist.ProcessGroup | None] = []
-        for s in range(num_stages - 1):
-            pair = [ranks[s], ranks[s + 1]]
-            # new_group is collective over the default group: every rank creates every group.
-            # It does not inherit the default group's timeout, hence the explicit one.
-            to_next = dist.new_group(pair, timeout=timeout)
-            to_prev = dist.new_group(pair, timeout=timeout)
-            fwd.append(to_next if me in pair else None)
-            bwd.append(to_prev if me in pair else None)
-        return cls(stage=ranks.index(me), ranks=ranks, forward_groups=fwd, backward_groups=bwd,
-                   device=device)  # fmt: skip
+        groups: dict[Link, dist.ProcessGroup] = {}
+        for link in sorted(set(links)):
+            # new_group is collective over the default group: every rank creates every group. It does not
+            # inherit the default group's timeout, hence the explicit one.
+            group = dist.new_group(sorted(link), timeout=timeout)
+            if me in link:
+                assert group is not None
+                groups[link] = group
+        comm = cls(rank=me, groups=groups, device=device)
+        comm._connect(sorted(set(links)))
+        return comm
+
+    def _connect(self, links: Sequence[Link]) -> None:
+        """One blocking message per link of this rank, in the global order of ``links``."""
+        probe = torch.zeros(1, device=self._device)
+        for src, dst in links:
+            if self.rank == src:
+                work = self.isend(dst, probe, _CONNECT_TAG)
+            elif self.rank == dst:
+                work = self.irecv(src, probe, _CONNECT_TAG)
+            else:
+                continue
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise RuntimeExecutionError(
+                    f"rank {self.rank} could not connect the link rank {src} -> rank {dst}: {first_line(exc)}"
+                ) from None
 
     @property
     def device(self) -> torch.device:
         return self._device
 
-    def _route(self, peer: Peer, sending: bool) -> tuple[int, dist.ProcessGroup]:
-        s = self.stage
-        if peer == "next":
-            other = s + 1
-            group = None if other >= len(self.ranks) else (self._fwd[s] if sending else self._bwd[s])
-        else:
-            other = s - 1
-            group = None if other < 0 else (self._bwd[other] if sending else self._fwd[other])
+    def _group(self, link: Link) -> dist.ProcessGroup:
+        group = self._groups.get(link)
         if group is None:
-            raise RuntimeExecutionError(f"stage {s} has no {peer} stage to talk to")
-        return self.ranks[other], group
+            raise RuntimeExecutionError(f"rank {self.rank} has no link rank {link[0]} -> rank {link[1]}")
+        return group
 
-    def isend(self, peer: Peer, tensor: torch.Tensor, tag: int) -> Handle:
-        """Start sending ``tensor`` (activations to ``next``, gradients to ``prev``)."""
-        rank, group = self._route(peer, sending=True)
-        work = dist.isend(tensor, dst=rank, group=group, tag=tag)
+    def isend(self, dst: int, tensor: torch.Tensor, tag: int) -> Handle:
+        """Start sending ``tensor`` to rank ``dst`` on the link ``(me, dst)``."""
+        work = dist.isend(tensor, dst=dst, group=self._group((self.rank, dst)), tag=tag)
         assert work is not None
         return work
 
-    def irecv(self, peer: Peer, buffer: torch.Tensor, tag: int) -> Handle:
-        """Start receiving into ``buffer`` (activations from ``prev``, gradients from ``next``)."""
-        rank, group = self._route(peer, sending=False)
-        work = dist.irecv(buffer, src=rank, group=group, tag=tag)
+    def irecv(self, src: int, buffer: torch.Tensor, tag: int) -> Handle:
+        """Start receiving into ``buffer`` from rank ``src`` on the link ``(src, me)``."""
+        work = dist.irecv(buffer, src=src, group=self._group((src, self.rank)), tag=tag)
         assert work is not None
         return work
 
     def barrier(self) -> None:
-        """Wait for every stage (the default group) to get here."""
+        """Wait for every rank (the default group) to get here."""
         if self._device.type == "cuda":
             dist.barrier(device_ids=[self._device.index or 0])
         else:
             dist.barrier()
+
+
+_CONNECT_TAG = 0x7FFF_FFFF
+"""Tag of the connecting message (message tags stay below it; see :func:`umsearch.runtime.executor.tag`)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, without gloo's ``[path/file.cc:line]`` prefix."""
+    lines = str(exc).strip().splitlines()
+    return re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else type(exc).__name__
 
 
 def default_group_timeout() -> timedelta | None:

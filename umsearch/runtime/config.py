@@ -1,29 +1,167 @@
-"""Settings of one ``umsearch run``: the single source of every default.
+"""Settings of one ``umsearch run``, and the one table of its command-line flags.
 
-The ``run``/``validate`` options and the torchrun entry point
-(:mod:`umsearch.runtime.torchrun`) both take their defaults from these
-dataclasses, and :meth:`RunConfig.to_argv` writes a config back as the entry
-point's flags, so a local run and a cluster run see the same settings.
+Every run setting is a field of :class:`LaunchConfig`, :class:`RunConfig` or
+:class:`ModelChoice`; a field that is also a flag says so in its metadata
+(:class:`Flag`). Three things are generated from that table and from nothing
+else, so they cannot disagree: the click options of ``umsearch run`` /
+``umsearch validate``, the argparse flags of the torchrun entry point
+(:mod:`umsearch.runtime.torchrun`), and :func:`to_argv`, which writes configs
+back as the entry point's flags (what a local run hands torchrun and what
+``--print-launch`` prints). :func:`configs_from_values` is the inverse of both
+parsers. Fields without a flag (``check``, ``start_timeout_s``) do not travel
+on a command line: the entry point uses their defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from umsearch.core.errors import ModelSpecError, UmsearchError
+from umsearch.core.model_spec import parse_arg
+
+Kind = Literal["value", "switch", "multiple"]
+Scope = Literal["ranks", "launcher"]
+
+
+class FlagValueError(UmsearchError):
+    """A flag got a value it does not take (the message names the flag and the fix)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flag:
+    """How one config field is spelled and parsed on a command line."""
+
+    name: str
+    """``--steps``: the flag."""
+    help: str
+    """One sentence for ``--help``."""
+    parse: Callable[[str], Any] = str
+    """Text to field value; raises :class:`FlagValueError` (or ValueError) on a bad value."""
+    show: Callable[[Any], str] = str
+    """Field value to text that :attr:`parse` reads back to the same value."""
+    kind: Kind = "value"
+    """``value``: ``--name VALUE``; ``switch``: present or not; ``multiple``: repeatable, a tuple."""
+    invert: bool = False
+    """For a switch: present sets the field to False (``--no-pin-cores``)."""
+    scope: Scope = "ranks"
+    """``ranks``: also a flag of the entry point (written by :func:`to_argv`); ``launcher``: only
+    ``umsearch run`` / ``validate`` know it (a local run's time limit)."""
+    metavar: str | None = None
+    """Placeholder in ``--help``."""
+    hidden: bool = False
+    """Left out of ``--help``."""
+
+
+def _flag(**kw: Any) -> dict[str, Flag]:
+    return {"flag": Flag(**kw)}
+
+
+def _int_at_least(lo: int, name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise FlagValueError(f"{name} takes an integer, got {text!r}") from None
+        if value < lo:
+            raise FlagValueError(f"{name} must be at least {lo}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise FlagValueError(f"{name} takes a number, got {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise FlagValueError(f"{name} must be a positive finite number, got {text}")
+        return value
+
+    return parse
+
+
+def _finite_float(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise FlagValueError(f"{name} takes a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise FlagValueError(f"{name} must be a finite number, got {text}")
+        return value
+
+    return parse
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise FlagValueError(f"{name} takes one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def _threads(text: str) -> int | None:
+    value = _int_at_least(0, "--threads")(text)
+    return value or None
+
+
+def _show_threads(value: int | None) -> str:
+    return str(value or 0)
+
+
+def _model_arg(text: str) -> str:
+    try:
+        parse_arg(text)
+    except ModelSpecError as exc:
+        raise FlagValueError(str(exc)) from None
+    return text
+
+
+def _nonempty(name: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text:
+            raise FlagValueError(f"{name} takes a non-empty value")
+        return text
+
+    return parse
 
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
-    """How to start the stage processes."""
+    """How to start the rank processes."""
 
-    backend: str = "gloo"
+    backend: str = field(default="gloo", metadata=_flag(
+        name="--backend", parse=_choice("--backend", ("gloo", "nccl")), metavar="[gloo|nccl]",
+        help="gloo: CPU processes; nccl: one GPU per rank (cuda:LOCAL_RANK)."))  # fmt: skip
     """``gloo`` (CPU tensors) or ``nccl`` (one GPU per rank, ``cuda:LOCAL_RANK``)."""
-    threads: int | None = 1
+    threads: int | None = field(default=1, metadata=_flag(
+        name="--threads", parse=_threads, show=_show_threads, metavar="N",
+        help="torch threads per rank (0: torch's default); on CPU each rank is pinned to its own cores "
+             "when there are enough."))  # fmt: skip
     """``torch.set_num_threads`` in each rank (and ``OMP_NUM_THREADS``); None leaves torch's default."""
-    timeout_s: float = 300.0
+    timeout_s: float = field(default=300.0, metadata=_flag(
+        name="--timeout", parse=_positive_float("--timeout"), show=repr, metavar="SECONDS",
+        help="Seconds a rank may wait for a peer (every link) before the run fails."))  # fmt: skip
     """Seconds a rank may wait for a peer (every process group, pipeline links included) before it fails."""
-    run_timeout_s: float | None = None
-    """Stop everything when the whole local run takes longer than this (None: no limit)."""
-    pin_cores: bool = True
+    run_timeout_s: float | None = field(default=None, metadata=_flag(
+        name="--time-limit", parse=_positive_float("--time-limit"), show=repr, scope="launcher",
+        metavar="SECONDS",
+        help="Stop a local run that is still going this many seconds after all its ranks started."))  # fmt: skip
+    """Stop everything when a local run is still going this long after every rank has started (None:
+    no limit). Start-up (imports, rendezvous) does not count: it is bounded by :attr:`start_timeout_s`."""
+    start_timeout_s: float = 600.0
+    """Give up on a local launch whose ranks have not all started (imported umsearch, joined the
+    process group) this long after torchrun was started; generous, for loaded machines."""
+    pin_cores: bool = field(default=True, metadata=_flag(
+        name="--no-pin-cores", kind="switch", invert=True,
+        help="Do not pin CPU ranks to cores of their own."))  # fmt: skip
     """On CPU, pin each local rank to its own ``threads`` cores (``os.sched_setaffinity``) when the
     machine has enough of them, so that ranks do not migrate onto each other's cores."""
 
@@ -32,19 +170,32 @@ class LaunchConfig:
 class RunConfig:
     """How many iterations to run, with which data, optimizer and processes."""
 
-    steps: int = 20
+    steps: int = field(default=20, metadata=_flag(
+        name="--steps", parse=_int_at_least(1, "--steps"), metavar="N", help="Iterations to run."))  # fmt: skip
     """Iterations (global batches) to run."""
-    warmup_steps: int = 2
+    warmup_steps: int = field(default=2, metadata=_flag(
+        name="--warmup-steps", parse=_int_at_least(0, "--warmup-steps"), metavar="N",
+        help="Leading iterations left out of the median and the spread."))  # fmt: skip
     """Leading iterations left out of the reported median and spread (allocator, caches warming up)."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=_flag(
+        name="--seed", parse=_int_at_least(0, "--seed"), metavar="N", help="Seed of weights and batches."))  # fmt: skip
     """Seed of the model weights and of the batches (batch i uses seed * 1_000_003 + i)."""
-    lr: float = 0.01
+    lr: float = field(default=0.01, metadata=_flag(
+        name="--lr", parse=_finite_float("--lr"), show=repr, metavar="RATE", help="SGD learning rate."))  # fmt: skip
     """SGD learning rate."""
     check: bool = True
     """Refuse, before running, a plan that deadlocks or does not fit the model (in the launching
     process and again in every rank). Off only to test the runtime's own failure handling."""
-    collect_grads: bool = False
-    """Return every parameter's gradient after the last iteration (for tests)."""
+    collect_grads: bool = field(default=False, metadata=_flag(
+        name="--grads", kind="switch",
+        help="Also report every parameter's gradient after the last iteration (--json, --out): "
+             "to check a plan against single-process training."))  # fmt: skip
+    """Return every parameter's gradient after the last iteration."""
+    out: str | None = field(default=None, metadata=_flag(
+        name="--out", parse=_nonempty("--out"), metavar="FILE",
+        help="Write the run's report (umsearch.run/1 JSON) here: the launcher on a local run, rank 0 "
+             "on a cluster."))  # fmt: skip
+    """Where the run's report goes (written by the launcher locally, by rank 0 on a cluster)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """Process start-up: backend, threads per rank, timeouts."""
 
@@ -52,12 +203,116 @@ class RunConfig:
         """Seed of the generator that makes batch ``step`` (the same on every rank)."""
         return self.seed * 1_000_003 + step
 
-    def to_argv(self) -> list[str]:
-        """This config as flags of ``python -m umsearch.runtime.torchrun`` (every value explicit)."""
-        lc = self.launch
-        argv = [f"--steps={self.steps}", f"--warmup-steps={self.warmup_steps}", f"--seed={self.seed}",
-                f"--lr={self.lr!r}", f"--backend={lc.backend}", f"--threads={lc.threads or 0}",
-                f"--timeout={lc.timeout_s!r}"]  # fmt: skip
-        if not lc.pin_cores:
-            argv.append("--no-pin-cores")
-        return argv
+
+@dataclass(frozen=True, kw_only=True)
+class ModelChoice:
+    """What the user said on the command line about the plan's model and profile.
+
+    A model named here is trusted (the user chose the code); a model read from
+    the plan or its profile runs only if it is a zoo model or
+    :attr:`trust_model_code` is set (:func:`umsearch.runtime.factory.resolve_plan`).
+    """
+
+    profile: str | None = field(default=None, metadata=_flag(
+        name="--profile", parse=_nonempty("--profile"), metavar="PROFILE.json",
+        help="Profile of the plan (default: the one the plan names); its model_spec names the model "
+             "when the plan does not."))  # fmt: skip
+    """``--profile``: overrides the plan's own profile (prediction, and model when the plan names none)."""
+    model: str | None = field(default=None, metadata=_flag(
+        name="--model", parse=_nonempty("--model"), metavar="SOURCE",
+        help="Model to run instead of the plan's: a zoo name or package.module:function (trusted: you "
+             "name the code)."))  # fmt: skip
+    """``--model``: a zoo name or ``package.module:function``; replaces the plan's model."""
+    model_args: tuple[str, ...] = field(default=(), metadata=_flag(
+        name="--arg", parse=_model_arg, kind="multiple", metavar="KEY=VALUE",
+        help="Keyword argument of --model (repeatable); without any, the plan's own arguments are "
+             "kept when it names the same model."))  # fmt: skip
+    """``--arg KEY=VALUE`` texts, in order (parsed by :func:`umsearch.core.model_spec.parse_arg`)."""
+    trust_model_code: bool = field(default=False, metadata=_flag(
+        name="--trust-model-code", kind="switch",
+        help="Run a model the plan or profile file names even when it is not a zoo model (that "
+             "imports and runs its module's code: only for files you trust)."))  # fmt: skip
+    """Let a plan or profile file choose code outside the zoo (as Hugging Face's ``trust_remote_code``)."""
+
+
+CONFIG_TYPES: tuple[type, ...] = (RunConfig, LaunchConfig, ModelChoice)
+"""The dataclasses whose flagged fields make up the flag table."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlagField:
+    """One row of the flag table: a config field and its flag."""
+
+    owner: type
+    """The config dataclass holding the field."""
+    dest: str
+    """The field's name; also the click parameter name and the argparse ``dest``."""
+    flag: Flag
+    """How it is spelled and parsed."""
+    default: Any
+    """The field's default (the flag's default)."""
+
+
+def _rows() -> Iterator[FlagField]:
+    for owner in CONFIG_TYPES:
+        for f in dataclasses.fields(owner):
+            flag = f.metadata.get("flag")
+            if flag is not None:
+                assert f.default is not dataclasses.MISSING, "a flagged field has a plain default"
+                yield FlagField(owner=owner, dest=f.name, flag=flag, default=f.default)
+
+
+FLAGS: tuple[FlagField, ...] = tuple(_rows())
+"""Every flag, in declaration order; dests are unique across the config types."""
+assert len({r.dest for r in FLAGS}) == len(FLAGS) and len({r.flag.name for r in FLAGS}) == len(FLAGS)
+
+
+def flags(scope: Scope | None = None) -> tuple[FlagField, ...]:
+    """The rows of ``scope`` (None: all of them)."""
+    return tuple(r for r in FLAGS if scope is None or r.flag.scope == scope)
+
+
+def field_value(row: FlagField, raw: Any) -> Any:
+    """The field value of what a parser gave for ``row`` (a parsed value, a switch's bool, a list)."""
+    kind = row.flag.kind
+    if kind == "switch":
+        present = bool(raw)
+        return (not present) if row.flag.invert else present
+    if kind == "multiple":
+        return tuple(raw or ())
+    return raw
+
+
+def configs_from_values(values: Mapping[str, Any]) -> tuple[RunConfig, ModelChoice]:
+    """The configs that parsed flag values describe (click's kwargs or argparse's namespace as a dict,
+    keyed by dest); a dest missing from ``values`` keeps its default."""
+    by_owner: dict[type, dict[str, Any]] = {t: {} for t in CONFIG_TYPES}
+    for row in FLAGS:
+        if row.dest in values:
+            by_owner[row.owner][row.dest] = field_value(row, values[row.dest])
+    launch = LaunchConfig(**by_owner[LaunchConfig])
+    return RunConfig(launch=launch, **by_owner[RunConfig]), ModelChoice(**by_owner[ModelChoice])
+
+
+def _value_of(row: FlagField, run: RunConfig, model: ModelChoice) -> Any:
+    holder = {LaunchConfig: run.launch, RunConfig: run, ModelChoice: model}[row.owner]
+    return getattr(holder, row.dest)
+
+
+def to_argv(run: RunConfig, model: ModelChoice | None = None, scope: Scope = "ranks") -> list[str]:
+    """``run`` and ``model`` as flags of ``scope`` (default: the entry point's); every value
+    explicit, absent values (None, an empty list, a switch off) left out."""
+    model = model or ModelChoice()
+    argv: list[str] = []
+    for row in flags(scope):
+        value = _value_of(row, run, model)
+        fl = row.flag
+        if fl.kind == "switch":
+            if value is (not fl.invert):
+                argv.append(fl.name)
+        elif fl.kind == "multiple":
+            argv += [f"{fl.name}={fl.show(v)}" for v in value]
+        elif value is not None or row.default is not None:
+            # None is absent only where it is the default (--threads 0 means None, default 1).
+            argv.append(f"{fl.name}={fl.show(value)}")
+    return argv

@@ -1,457 +1,487 @@
-"""One pipeline stage executing its static op order on real tensors.
+"""One rank interpreting its action list of a plan/2 on real tensors.
 
-:class:`StageExecutor` is the library entry point for trainers: build the
-stage's module, a :class:`~umsearch.runtime.comm.Comm` and (optionally) an
-optimizer, then call :meth:`StageExecutor.run_iteration` once per global
-batch. After one iteration every parameter holds exactly the gradient of the
-full-batch mean loss: each microbatch's mean loss is weighted by its share
-``b / B`` of the batch.
+:class:`StageExecutor` is the library entry point for trainers: give it the
+plan, the rank, one module per stage the rank holds (in stage order), a
+:class:`~umsearch.runtime.comm.Comm` and (optionally) an optimizer, then call
+:meth:`StageExecutor.run_iteration` once per global batch. After one
+iteration every parameter holds exactly the gradient of the full-batch mean
+loss (:mod:`umsearch.runtime.stage` does the compute; this module decides
+what runs when, and moves tensors).
 
-Per iteration all stages meet at a barrier, then the ops run in
-:func:`umsearch.core.samples.op_order`. Receives are posted in a bounded window:
-before each op a stage makes sure the receives of its next
-:data:`RECV_WINDOW` microbatches of each direction are posted (one buffer per
-message, shapes from the plan and the one-off shape header), so messages land
-while the current op computes, yet receive buffers hold about
-``RECV_WINDOW`` microbatches per direction instead of the whole batch (which
-MODEL.md section 5 does not count). Posting late cannot deadlock: a send never
-blocks its sender (``isend``; only the iteration's end waits for sends), and a
-stage posts every receive before it waits for it.
+Per iteration all ranks meet at a barrier, then the rank runs its actions in
+list order:
 
-A forward waits only for the messages holding its samples, slices and
-concatenates them (:mod:`umsearch.runtime.messages`), runs, and hands its output
-to an ``isend`` that completes in the background. A wait that outlasts the
-link's timeout fails with the stage, the message and the op it was for.
+- ``jFk`` takes its input from the batch (stage 0), from the outputs of stage
+  ``j-1``'s forwards (same rank: local tensors, no message) or from stage
+  ``j-1``'s messages (another rank), assembled from the slices that hold its
+  samples (:mod:`umsearch.runtime.messages`; partitions may differ), runs, and
+  hands its output on: a local hand-off, or an ``isend``.
+- ``jBk`` / ``jIk`` take the gradient of their samples the same way from stage
+  ``j+1``'s ``B``/``I`` (the last stage starts from its loss), run, and hand
+  the input gradient to stage ``j-1``. ``jWk`` needs nothing but its ``I``.
 
-A recomputing stage keeps only its (detached) inputs and rebuilds each backward
-microbatch's graph from them, so its backward partition may differ from its
-forward one. Like ``torch.utils.checkpoint`` it stashes the RNG state (CPU,
-and the stage's GPU on CUDA) before each forward; a backward microbatch that is
-exactly one forward microbatch replays that forward's random draws (dropout
-masks). A backward microbatch that spans or splits forward microbatches cannot
-replay them: if the stage drew random numbers in that forward, the executor
-raises instead of back-propagating through different masks. Layers with
-running statistics (BatchNorm) update them twice on a recomputing stage, in the
-forward and in the recomputation.
+Receives are posted in a bounded window: on every link (sending rank ->
+this rank) receives are posted in the order the sender sends (NCCL matches in
+issue order; see :mod:`umsearch.runtime.comm`), far enough ahead to cover the
+next :data:`RECV_WINDOW` actions that read from the link, so messages land
+while the current action computes, yet buffers hold a few messages instead of
+a batch's worth. Posting late cannot deadlock: a send never blocks its sender
+(``isend``; only the iteration's end waits for sends), and a rank posts every
+receive before it waits for it. A wait that fails (the link's timeout, a
+dead peer) names the rank, the message and the action it was for.
+
+Every action is timed (:class:`~umsearch.core.actions.ActionRecord`, ms after
+the barrier): from when its inputs are there to when its output is handed
+on, so posting, assembling and sending count, waiting does not. With
+``layer_timing`` the stages also time each layer's ``F``/``B``/``I``/``W``
+(:class:`~umsearch.runtime.timing.LayerRecord`).
+
+Setup is linear in the plan: one merge of the two partitions per pair of
+neighbouring stages and one pass over the rank lists that feed this rank
+(plans may hold 100,000 microbatches).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from umsearch.core.actions import Action, ActionRecord
 from umsearch.core.errors import RuntimeExecutionError
-from umsearch.core.plan import Plan, StagePlan, validate_plan
-from umsearch.core.samples import chunk_overlaps, cumulative, op_order
-from umsearch.runtime.comm import Comm, Handle, Peer
+from umsearch.core.plan import Plan, validate_plan
+from umsearch.core.samples import all_overlaps
+from umsearch.runtime.comm import Comm, Handle, first_line
 from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
-from umsearch.runtime.timing import StampClock
-from umsearch.sim.reference import OpRecord
+from umsearch.runtime.stage import LossFn, StageCompute
+from umsearch.runtime.timing import LayerRecord, StampClock
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-HEADER_TAG = 1 << 24
-"""Tag of the shape header; message tags are message indices, always smaller."""
 RECV_WINDOW = 2
-"""A stage keeps the receives of its next this-many microbatches per direction posted."""
+"""On each link, receives cover the messages of the next this-many actions that read from it."""
+
+MAX_TAG = 0x7FFF_FFFE
+"""Largest message tag (int32, below the connecting message's)."""
 
 
-OpTiming = OpRecord
-"""A measured op: the simulator's record, times in ms after the iteration's barrier."""
+def tag(stage: int, gradient: bool, mb: int, num_stages: int) -> int:
+    """The tag of the message ``stage`` sends for microbatch ``mb`` (``mb = -1``: its shape header).
 
-RngState = tuple[torch.Tensor, torch.Tensor | None]
-"""CPU generator state, and the stage GPU's (None on CPU)."""
+    Unique per message of a plan: it encodes the sending stage, the direction
+    and the microbatch (of the sender's forward list for activations, of its
+    backward list for gradients).
+    """
+    return ((mb + 1) * num_stages + stage) * 2 + int(gradient)
 
 
 @dataclass(frozen=True, kw_only=True)
 class IterationStats:
-    """What one stage measured in one iteration."""
+    """What one rank measured in one iteration."""
 
-    stage: int
-    """Stage index."""
+    rank: int
+    """The rank."""
+    stages: tuple[int, ...]
+    """The stages it holds."""
     loss: float | None
-    """Full-batch mean loss (last stage only)."""
-    ops: tuple[OpTiming, ...]
-    """Every op, in execution order."""
+    """Full-batch mean loss (only on the rank holding the last stage)."""
+    actions: tuple[ActionRecord, ...]
+    """Every action, in execution order, with its times."""
     pipeline_ms: float
-    """End of this stage's last op: the measured counterpart of the simulator's stage end."""
+    """End of this rank's last action: the measured counterpart of the simulator's rank end."""
     step_ms: float
     """Wall time from the barrier to the end of the optimizer step (all sends completed)."""
+    layers: tuple[LayerRecord, ...] = ()
+    """Per-layer times (``layer_timing`` only)."""
     peak_memory_bytes: int | None = None
     """Peak allocated device memory during the iteration (CUDA only)."""
 
+    @property
+    def ops(self) -> tuple[ActionRecord, ...]:
+        """The actions under their version-1 name (callers move to :attr:`actions`)."""
+        return self.actions
 
-class _Inbox:
-    """The receives of one direction in one iteration, posted a bounded window ahead of need.
 
-    ``parts[i]`` are the slices that build my microbatch ``i`` from the peer's
-    messages; ``done[i]`` the messages no later microbatch reads.
+class _Channel:
+    """The messages from one neighbouring stage into one stage of this rank, in one direction.
+
+    ``parts[k]`` are the slices that build the receiving stage's microbatch
+    ``k`` from the sender's messages (one per sender microbatch);
+    ``release[k]`` the messages no later reader needs.
     """
 
-    def __init__(self, *, comm: Comm, peer: Peer, sizes: tuple[int, ...], shape: SampleShape,
-                 parts: list[list[Piece]], done: list[list[int]], device: torch.device) -> None:  # fmt: skip
-        self.comm, self.peer, self.sizes, self.shape, self.device = comm, peer, sizes, shape, device
-        self.parts, self.done = parts, done
-        self.needs = [max(m for m, _, _ in p) + 1 for p in parts]  # messages microbatch i waits for
+    def __init__(self, *, stage: int, gradient: bool, sender: int, sender_rank: int, local: bool,
+                 parts: list[list[Piece]], release: list[list[int]], sizes: tuple[int, ...]) -> None:  # fmt: skip
+        self.stage, self.gradient, self.sender, self.sender_rank, self.local = stage, gradient, sender, sender_rank, local
+        self.parts, self.release, self.sizes = parts, release, sizes
+        self.shape: SampleShape | None = None
+        self.seq: list[int] = [-1] * len(sizes)  # remote: each message's place in its link's order
         self.buffers: dict[int, torch.Tensor] = {}
         self.handles: dict[int, Handle] = {}
-        self.posted = 0  # receives posted so far: messages 0..posted-1
 
-    def post_through(self, index: int) -> None:
-        """Post the receives of every message my microbatches ``0..index`` read (no-op if done)."""
-        target = self.needs[min(index, len(self.needs) - 1)]
-        while self.posted < target:
-            m = self.posted
-            self.buffers[m] = self.shape.empty(self.sizes[m], self.device)
-            self.handles[m] = self.comm.irecv(self.peer, self.buffers[m], m)
-            self.posted += 1
+    def message(self, m: int) -> str:
+        """``activation message 0F3`` / ``gradient message 2B1``: the sender's action that made it."""
+        kind = "gradient" if self.gradient else "activation"
+        return f"{kind} message {self.sender}{'B' if self.gradient else 'F'}{m}"
 
-    def take(self, index: int, wait: Callable[[Handle, int], None]) -> torch.Tensor:
-        """Wait for the messages of microbatch ``index``, build it, drop the messages it was last to read."""
-        self.post_through(index)
-        for m, _, _ in self.parts[index]:
-            handle = self.handles.pop(m, None)
-            if handle is not None:
-                wait(handle, m)
-        out = assemble(self.buffers, self.parts[index])
-        for m in self.done[index]:
-            self.buffers.pop(m, None)
-        return out
+    def need(self, k: int) -> int:
+        """The last place in the link's order among the messages microbatch ``k`` reads."""
+        return max(self.seq[m] for m, _, _ in self.parts[k])
+
+
+@dataclass
+class _Link:
+    """The receives from one other rank, posted in its send order."""
+
+    src: int
+    order: list[tuple[_Channel, int]] = field(default_factory=list)
+    """``(channel, message)`` in the order ``src`` sends them."""
+    readers: list[int] = field(default_factory=list)
+    """Positions (in this rank's list) of the actions that read from the link, ascending."""
+    through: list[int] = field(default_factory=list)
+    """``through[i]``: receives the readers ``0..i`` need (the last place in :attr:`order`, prefix max)."""
+    posted: int = 0
+    """Receives posted so far this iteration: ``order[:posted]``."""
+    next_reader: int = 0
+    """First entry of :attr:`readers` not yet passed this iteration."""
 
 
 class StageExecutor:
-    """Runs stage ``stage_index`` of ``plan`` on ``stage_module`` (its layers ``[lo, hi)``).
+    """Runs rank ``rank``'s actions of ``plan`` on ``stage_modules`` (one per stage it holds, in stage order).
 
     ``loss_fn(output, targets)`` must return the MEAN loss of the samples
-    given; only the last stage needs it. ``comm`` is needed when the plan has
-    more than one stage. With ``optimizer``, each iteration zeroes the stage's
-    gradients first and steps at the end; without, gradients accumulate and
-    stepping is the caller's business.
+    given; only the rank holding the last stage needs it. ``comm`` is needed
+    when the plan has more than one rank. With ``optimizer``, each iteration
+    zeroes the gradients first and steps at the end; without, gradients
+    accumulate and stepping is the caller's business. ``layer_timing``: time
+    every layer's part of every action too (stage modules must then be
+    ``nn.Sequential`` of their layers).
     """
 
     def __init__(
         self,
         plan: Plan,
-        stage_index: int,
-        stage_module: torch.nn.Module,
+        rank: int,
+        stage_modules: Sequence[torch.nn.Module],
         loss_fn: LossFn | None = None,
         comm: Comm | None = None,
         *,
         optimizer: torch.optim.Optimizer | None = None,
         device: torch.device | str | None = None,
+        layer_timing: bool = False,
     ) -> None:
         validate_plan(plan)
-        if not 0 <= stage_index < plan.num_stages:
+        if not 0 <= rank < plan.ranks:
+            raise RuntimeExecutionError(f"rank {rank} is outside the plan's {plan.ranks} ranks (0..{plan.ranks - 1})")
+        self.plan, self.rank = plan, rank
+        self.mine = plan.stages_of(rank)
+        if len(stage_modules) != len(self.mine):
             raise RuntimeExecutionError(
-                f"stage index {stage_index} is outside the plan's {plan.num_stages} stages"
+                f"rank {rank} holds stages {list(self.mine)} but got {len(stage_modules)} stage module(s); "
+                "give one per stage, in stage order"
             )
-        self.plan = plan
-        self.s = stage_index
-        self.st: StagePlan = plan.stages[stage_index]
-        self.first = stage_index == 0
-        self.last = stage_index == plan.num_stages - 1
-        if self.last and loss_fn is None:
-            raise RuntimeExecutionError("the last stage needs loss_fn(output, targets) -> mean loss")
-        if plan.num_stages > 1 and comm is None:
-            raise RuntimeExecutionError(f"a {plan.num_stages}-stage plan needs a comm to reach its neighbours")
-        self.module = stage_module
-        self.loss_fn = loss_fn
-        self.comm = comm
-        self.optimizer = optimizer
+        if plan.ranks > 1 and comm is None:
+            raise RuntimeExecutionError(f"a {plan.ranks}-rank plan needs a comm to reach the other ranks")
+        S = plan.num_stages
+        biggest = max(max(len(st.forward), len(st.backward)) for st in plan.stages)
+        if tag(S - 1, True, biggest - 1, S) > MAX_TAG:
+            raise RuntimeExecutionError(
+                f"{S} stages x {biggest} microbatches need message tags beyond int32; use fewer microbatches"
+            )
+        self.comm, self.optimizer = comm, optimizer
         self.device = torch.device(device) if device is not None else (
             comm.device if comm is not None else torch.device("cpu")
         )  # fmt: skip
-        self.order = op_order(self.st.forward, self.st.backward, self.st.warmup)
-        self.cf, self.cb = cumulative(self.st.forward), cumulative(self.st.backward)
-        self.prev = plan.stages[stage_index - 1] if not self.first else None
-        self.next = plan.stages[stage_index + 1] if not self.last else None
-        self.in_shape: SampleShape | None = None
-        self.out_shape: SampleShape | None = None
-        if self.st.recompute:
-            self._stash_parts = _parts(self.st.forward, self.st.backward)
-            self._stash_done = releases(self.st.forward, self.st.backward)
+        self.actions = plan.actions[rank]
         self.clock = StampClock(self.device)
+        self.stages = self._stage_computes(stage_modules, loss_fn, layer_timing)
+        self.acts: dict[int, _Channel] = {}  # stage j's input activations (from j-1)
+        self.grads: dict[int, _Channel] = {}  # stage j's output gradients (from j+1)
+        self._make_channels()
+        self.links = self._make_links()
+        self.shapes_known = False
+        self.in_shapes: dict[int, SampleShape] = {}
+        self.sends: dict[int, deque[tuple[Handle, torch.Tensor, str]]] = {}
 
-    # ----------------------------------------------------------------- setup
-    def _check_batch(self, t: torch.Tensor | None, what: str) -> torch.Tensor:
-        B = self.plan.global_batch
-        if t is None:
-            raise RuntimeExecutionError(f"stage {self.s} needs the batch's {what}; pass {what}=...")
-        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != B:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise RuntimeExecutionError(
-                f"{what} must hold the plan's global_batch = {B} samples on dim 0, got {got}"
-            )
-        return t.to(self.device, non_blocking=True)
+    # ------------------------------------------------------------------ setup
+    def _stage_computes(self, modules: Sequence[torch.nn.Module], loss_fn: LossFn | None,
+                        layer_timing: bool) -> dict[int, StageCompute]:  # fmt: skip
+        split: dict[int, list[bool]] = {j: [False] * len(self.plan.stages[j].backward) for j in self.mine}
+        order: dict[int, list[int]] = {j: [] for j in self.mine}
+        for a in self.actions:
+            if a.kind == "I":
+                split[a.stage][a.mb] = True
+            if a.kind in ("B", "I"):
+                order[a.stage].append(a.mb)
+        S = self.plan.num_stages
+        return {
+            j: StageCompute(index=j, stage=self.plan.stages[j], module=m, global_batch=self.plan.global_batch,
+                            first=j == 0, last=j == S - 1, loss_fn=loss_fn, device=self.device, split=split[j],
+                            backward_order=order[j], clock=self.clock if layer_timing else None)
+            for j, m in zip(self.mine, modules, strict=True)
+        }  # fmt: skip
 
-    def _handshake(self, inputs: torch.Tensor | None) -> None:
-        """Learn the input and output sample shapes; tell the next stage its input shape."""
-        if self.first:
-            assert inputs is not None
-            self.in_shape = of_tensor(inputs, "the inputs")
-            sample = inputs[:1]
-        else:
-            header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.device)
-            self._wait(self._comm().irecv("prev", header, HEADER_TAG), f"the shape header from stage {self.s - 1}")
-            self.in_shape = decode(header)
-            sample = self.in_shape.empty(1, self.device).zero_()
-        if not self.last:
-            where = f"the output of stage {self.s} (layer {self.st.hi - 1})"
-            self.out_shape = probe(self.module, sample, where)
-            sent = self._comm().isend("next", encode(self.out_shape).to(self.device), HEADER_TAG)
-            self._wait(sent, f"stage {self.s + 1} to take its shape header")
+    def _make_channels(self) -> None:
+        st, S = self.plan.stages, self.plan.num_stages
+        fwd_order: dict[int, list[int]] = {j: [] for j in self.mine}
+        bwd_order: dict[int, list[int]] = {j: [] for j in self.mine}
+        for a in self.actions:
+            if a.kind == "F":
+                fwd_order[a.stage].append(a.mb)
+            elif a.kind in ("B", "I"):
+                bwd_order[a.stage].append(a.mb)
+        for j in self.mine:
+            if j > 0:
+                parts = all_overlaps(st[j - 1].forward, st[j].forward)
+                self.acts[j] = _Channel(stage=j, gradient=False, sender=j - 1, sender_rank=st[j - 1].rank,
+                                        local=st[j - 1].rank == self.rank, parts=parts,
+                                        release=releases(parts, fwd_order[j], len(st[j - 1].forward)),
+                                        sizes=st[j - 1].forward)  # fmt: skip
+            if j < S - 1:
+                parts = all_overlaps(st[j + 1].backward, st[j].backward)
+                self.grads[j] = _Channel(stage=j, gradient=True, sender=j + 1, sender_rank=st[j + 1].rank,
+                                         local=st[j + 1].rank == self.rank, parts=parts,
+                                         release=releases(parts, bwd_order[j], len(st[j + 1].backward)),
+                                         sizes=st[j + 1].backward)  # fmt: skip
 
+    def _input_channel(self, a: Action) -> _Channel | None:
+        if a.kind == "F":
+            return self.acts.get(a.stage)
+        if a.kind in ("B", "I"):
+            return self.grads.get(a.stage)
+        return None
+
+    def _make_links(self) -> dict[int, _Link]:
+        """Every other rank's messages to this rank in its send order, and how far ahead to post them."""
+        st, S = self.plan.stages, self.plan.num_stages
+        links: dict[int, _Link] = {}
+        for src, acts in enumerate(self.plan.actions):
+            if src == self.rank:
+                continue
+            link = _Link(src=src)
+            for a in acts:
+                if a.kind == "F" and a.stage + 1 < S and st[a.stage + 1].rank == self.rank:
+                    ch = self.acts[a.stage + 1]
+                elif a.kind in ("B", "I") and a.stage > 0 and st[a.stage - 1].rank == self.rank:
+                    ch = self.grads[a.stage - 1]
+                else:
+                    continue
+                ch.seq[a.mb] = len(link.order)
+                link.order.append((ch, a.mb))
+            if link.order:
+                links[src] = link
+        for pos, a in enumerate(self.actions):
+            reads = self._input_channel(a)
+            if reads is None or reads.local:
+                continue
+            link = links[reads.sender_rank]
+            need = reads.need(a.mb)
+            link.readers.append(pos)
+            link.through.append(max(need, link.through[-1]) if link.through else need)
+        return links
+
+    # ------------------------------------------------------------ messages
     def _comm(self) -> Comm:
         assert self.comm is not None
         return self.comm
 
     def _wait(self, handle: Handle, what: str) -> None:
-        """``handle.wait()``; a failure (the link's timeout, a dead peer) names the stage and ``what``."""
+        """``handle.wait()``; a failure (the link's timeout, a dead peer) names the rank and ``what``."""
         try:
             handle.wait()
         except RuntimeError as exc:
-            lines = str(exc).strip().splitlines()
-            # gloo prefixes its messages with "[path/to/file.cc:line] ".
-            detail = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else type(exc).__name__
             raise RuntimeExecutionError(
-                f"stage {self.s} gave up waiting for {what}: {detail} (if that stage is still running, "
-                "the stages wait on each other: a deadlock the plan check missed, or --timeout is too short)"
+                f"rank {self.rank} gave up waiting for {what}: {first_line(exc)} (if that rank is still running, "
+                "the ranks wait on each other: a deadlock the plan check missed, or --timeout is too short)"
             ) from None
 
-    def _inbox(self, forward: bool) -> _Inbox | None:
-        peer_plan = self.prev if forward else self.next
-        shape = self.in_shape if forward else self.out_shape
-        if peer_plan is None or shape is None:
-            return None
-        sender = peer_plan.forward if forward else peer_plan.backward
-        mine = self.st.forward if forward else self.st.backward
-        return _Inbox(comm=self._comm(), peer="prev" if forward else "next", sizes=sender, shape=shape,
-                      parts=_parts(sender, mine), done=releases(sender, mine), device=self.device)  # fmt: skip
+    def _post(self, link: _Link, through: int) -> None:
+        """Post the receives of ``link.order[:through + 1]`` not yet posted."""
+        while link.posted <= through:
+            ch, m = link.order[link.posted]
+            assert ch.shape is not None
+            buf = ch.shape.empty(ch.sizes[m], self.device)
+            ch.buffers[m] = buf
+            ch.handles[m] = self._comm().irecv(link.src, buf, tag(ch.sender, ch.gradient, m, self.plan.num_stages))
+            link.posted += 1
 
-    # ------------------------------------------------------------- iteration
-    def run_iteration(
-        self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None
-    ) -> IterationStats:
-        """Run one global batch: ``inputs`` on the first stage, ``targets`` on the last."""
-        run = self._prepare(inputs, targets)
-        if self.comm is not None:
-            self.comm.barrier()
-        self.clock.reset()
-        stamps: list[tuple[str, int, int, int]] = []
-        for kind, idx in self.order:
-            self._post_ahead(run)
-            a = self._forward(run, idx) if kind == "F" else self._backward(run, idx)
-            stamps.append((kind, idx, a, self.clock.stamp()))
-            self._after_op(run, kind, idx)
-        for handle, _, what in run.pending:
+    def _post_ahead(self, pos: int) -> None:
+        """Receives for the next :data:`RECV_WINDOW` readers of every link, from action ``pos`` on."""
+        for link in self.links.values():
+            while link.next_reader < len(link.readers) and link.readers[link.next_reader] < pos:
+                link.next_reader += 1
+            i = min(link.next_reader + RECV_WINDOW, len(link.readers)) - 1
+            if i >= 0:
+                self._post(link, link.through[i])
+
+    def _take(self, ch: _Channel, a: Action) -> torch.Tensor:
+        """The input (activations or gradient) of action ``a`` from ``ch``: wait, assemble, release."""
+        parts = ch.parts[a.mb]
+        if ch.local:
+            missing = [m for m, _, _ in parts if m not in ch.buffers]
+            if missing:
+                raise RuntimeExecutionError(
+                    f"rank {self.rank} runs {a} before {ch.message(missing[0]).split()[-1]} on the same rank, "
+                    f"whose {'gradient' if ch.gradient else 'output'} it needs: the plan deadlocks"
+                )
+        else:
+            link = self.links[ch.sender_rank]
+            self._post(link, ch.need(a.mb))
+            for m, _, _ in parts:
+                handle = ch.handles.pop(m, None)
+                if handle is not None:
+                    self._wait(handle, f"{ch.message(m)} from rank {ch.sender_rank}, needed by {a}")
+        out = assemble(ch.buffers, parts)
+        for m in ch.release[a.mb]:
+            ch.buffers.pop(m, None)
+        return out
+
+    def _deliver(self, stage: int, gradient: bool, mb: int, t: torch.Tensor) -> None:
+        """Hand stage ``stage``'s output (or input gradient) of microbatch ``mb`` to its neighbour."""
+        to = stage - 1 if gradient else stage + 1
+        ch = (self.grads if gradient else self.acts).get(to)
+        if ch is not None and ch.local:
+            ch.buffers[mb] = t
+            return
+        dst = self.plan.stages[to].rank
+        t = t.contiguous()
+        pending = self.sends.setdefault(dst, deque())
+        while pending and pending[0][0].is_completed():  # a link's sends complete in order
+            pending.popleft()
+        what = f"rank {dst} to receive {'gradient' if gradient else 'activation'} message {stage}{'B' if gradient else 'F'}{mb}"
+        pending.append((self._comm().isend(dst, t, tag(stage, gradient, mb, self.plan.num_stages)), t, what))
+
+    # --------------------------------------------------------------- shapes
+    def _handshake(self, inputs: torch.Tensor | None) -> None:
+        """Learn every stage's input and output sample shapes; tell other ranks theirs (in stage order)."""
+        st, S = self.plan.stages, self.plan.num_stages
+        out_shape: dict[int, SampleShape] = {}
+        sent: list[tuple[Handle, torch.Tensor, str]] = []
+        for j in self.mine:
+            if j == 0:
+                assert inputs is not None
+                in_shape, sample = of_tensor(inputs, "the inputs"), inputs[:1]
+            else:
+                if st[j - 1].rank == self.rank:
+                    in_shape = out_shape[j - 1]
+                else:
+                    header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.device)
+                    src = st[j - 1].rank
+                    self._wait(self._comm().irecv(src, header, tag(j - 1, False, -1, S)),
+                               f"the shape header of stage {j - 1} from rank {src}")  # fmt: skip
+                    in_shape = decode(header)
+                sample = in_shape.empty(1, self.device).zero_()
+                self.acts[j].shape = in_shape
+            self.in_shapes[j] = in_shape
+            if j < S - 1:
+                where = f"the output of stage {j} (layer {st[j].hi - 1})"
+                out_shape[j] = probe(self.stages[j].module, sample, where)
+                self.grads[j].shape = out_shape[j]
+                if st[j + 1].rank != self.rank:
+                    header = encode(out_shape[j]).to(self.device)
+                    dst = st[j + 1].rank
+                    sent.append((self._comm().isend(dst, header, tag(j, False, -1, S)), header,
+                                 f"rank {dst} to take the shape header of stage {j}"))  # fmt: skip
+        for handle, _, what in sent:
             self._wait(handle, what)
-        if self.optimizer is not None:
-            self.optimizer.step()
-        return self._stats(run, stamps)
+        self.shapes_known = True
 
-    def _prepare(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> _Iteration:
-        """Check the batch, learn shapes on the first call, post the first window of receives."""
-        x_all = self._check_batch(inputs, "inputs") if self.first else None
-        y_all = self._check_batch(targets, "targets") if self.last else None
+    # ------------------------------------------------------------ iteration
+    @property
+    def needs_inputs(self) -> bool:
+        """Whether this rank holds stage 0 (and so needs the batch's inputs)."""
+        return 0 in self.stages
+
+    @property
+    def needs_targets(self) -> bool:
+        """Whether this rank holds the last stage (and so needs the batch's targets)."""
+        return self.plan.num_stages - 1 in self.stages
+
+    def _check_batch(self, t: torch.Tensor | None, what: str) -> torch.Tensor:
+        B = self.plan.global_batch
+        if t is None:
+            raise RuntimeExecutionError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.plan.num_stages - 1} "
+                                        f"and needs the batch's {what}; pass {what}=...")  # fmt: skip
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != B:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise RuntimeExecutionError(f"{what} must hold the plan's global_batch = {B} samples on dim 0, got {got}")
+        return t.to(self.device, non_blocking=True)
+
+    def run_iteration(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> IterationStats:
+        """Run one global batch: ``inputs`` where the rank holds stage 0, ``targets`` where it holds the last."""
+        x_all = self._check_batch(inputs, "inputs") if self.needs_inputs else None
+        y_all = self._check_batch(targets, "targets") if self.needs_targets else None
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        if self.in_shape is None:
+        if not self.shapes_known:
             self._handshake(x_all)
-        elif x_all is not None and of_tensor(x_all, "the inputs") != self.in_shape:
+        elif x_all is not None and of_tensor(x_all, "the inputs") != self.in_shapes[0]:
             raise RuntimeExecutionError(
-                f"inputs changed shape from {self.in_shape} to {of_tensor(x_all, 'the inputs')}; "
+                f"inputs changed shape from {self.in_shapes[0]} to {of_tensor(x_all, 'the inputs')}; "
                 "make a new StageExecutor for a new input shape"
             )
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        run = _Iteration(acts=self._inbox(forward=True), grads=self._inbox(forward=False), inputs=x_all,
-                         targets=y_all)  # fmt: skip
-        self._post_ahead(run)
-        return run
+        for s in self.stages.values():
+            s.start_iteration(y_all if s.last else None)
+        for link in self.links.values():
+            link.posted = link.next_reader = 0
+        self._post_ahead(0)
+        if self.comm is not None:
+            self.comm.barrier()
+        self.clock.reset()
+        stamps = [self._run_action(pos, a, x_all) for pos, a in enumerate(self.actions)]
+        for pending in self.sends.values():
+            while pending:
+                handle, _, what = pending.popleft()
+                self._wait(handle, what)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        return self._stats(stamps)
 
-    def _post_ahead(self, run: _Iteration) -> None:
-        """Keep the receives of the next :data:`RECV_WINDOW` microbatches of each direction posted."""
-        if run.acts is not None:
-            run.acts.post_through(run.forwards_done + RECV_WINDOW - 1)
-        if run.grads is not None:
-            run.grads.post_through(run.backwards_done + RECV_WINDOW - 1)
+    def _run_action(self, pos: int, a: Action, x_all: torch.Tensor | None) -> tuple[int, int]:
+        """Run action ``a`` (at ``pos`` in the list); its start and end stamps."""
+        stage = self.stages[a.stage]
+        ch = self._input_channel(a)
+        if a.kind == "F":
+            if ch is None:
+                assert x_all is not None
+                x = x_all.narrow(0, stage.cf[a.mb], stage.stage.forward[a.mb])
+            else:
+                x = self._take(ch, a)
+            start = self.clock.stamp()
+            self._post_ahead(pos + 1)
+            out = stage.forward(a.mb, x)
+            if out is not None:
+                self._deliver(a.stage, False, a.mb, out)
+        elif a.kind in ("B", "I"):
+            grad = self._take(ch, a) if ch is not None else None
+            start = self.clock.stamp()
+            self._post_ahead(pos + 1)
+            g = stage.backward(a.mb, grad, split=a.kind == "I")
+            if a.stage > 0:
+                if g is None:
+                    g = self.in_shapes[a.stage].empty(stage.stage.backward[a.mb], self.device).zero_()
+                self._deliver(a.stage, True, a.mb, g)
+        else:
+            start = self.clock.stamp()
+            self._post_ahead(pos + 1)
+            stage.weight(a.mb)
+        return start, self.clock.stamp()
 
-    def _stats(self, run: _Iteration, stamps: list[tuple[str, int, int, int]]) -> IterationStats:
+    def _stats(self, stamps: list[tuple[int, int]]) -> IterationStats:
         times = self.clock.elapsed_ms()
-        ops = tuple(
-            OpTiming(
-                stage=self.s, kind="F" if kind == "F" else "B", index=idx,
-                size=self.st.forward[idx] if kind == "F" else self.st.backward[idx],
-                start_ms=times[a], end_ms=times[b],
-            )
-            for kind, idx, a, b in stamps
+        records = tuple(
+            ActionRecord(rank=self.rank, stage=a.stage, kind=a.kind, mb=a.mb,
+                         size=(self.plan.stages[a.stage].forward if a.kind == "F" else self.plan.stages[a.stage].backward)[a.mb],
+                         start_ms=times[s], end_ms=times[e])
+            for a, (s, e) in zip(self.actions, stamps, strict=True)
         )  # fmt: skip
-        loss = float(run.loss.item()) if run.loss is not None else None
+        layers = tuple(ls.record(self.rank, times) for s in self.stages.values() for ls in s.layer_stamps)
+        last = self.stages.get(self.plan.num_stages - 1)
+        loss = float(last.loss.item()) if last is not None and last.loss is not None else None
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-        return IterationStats(
-            stage=self.s, loss=loss, ops=ops, pipeline_ms=max(op.end_ms for op in ops),
-            step_ms=self.clock.wall_ms(), peak_memory_bytes=peak,
-        )  # fmt: skip
-
-    def _forward_input(self, run: _Iteration, j: int) -> torch.Tensor:
-        if self.first:
-            assert run.inputs is not None
-            return run.inputs.narrow(0, self.cf[j], self.st.forward[j])
-        assert run.acts is not None
-        return run.acts.take(j, lambda h, m: self._wait(
-            h, f"activation message {m} from stage {self.s - 1}, needed by forward microbatch {j}"))
-
-    def _weighted_loss(self, out: torch.Tensor, run: _Iteration, lo: int, n: int) -> torch.Tensor:
-        assert self.loss_fn is not None and run.targets is not None
-        loss = self.loss_fn(out, run.targets.narrow(0, lo, n))
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise RuntimeExecutionError(f"loss_fn must return a scalar tensor (the mean loss), got {loss!r}")
-        return loss * (n / self.plan.global_batch)
-
-    def _leaf(self, x: torch.Tensor) -> torch.Tensor:
-        """A fresh autograd leaf on the stage input, so its gradient can be sent back."""
-        x = x.detach()
-        if self.first:
-            return x
-        if not x.is_floating_point():
-            raise RuntimeExecutionError(
-                f"stage {self.s} receives a {x.dtype} tensor, which has no gradient; cut the model "
-                f"elsewhere than after layer {self.st.lo - 1}"
-            )
-        return x.requires_grad_(True)
-
-    def _rng_state(self) -> RngState:
-        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return torch.get_rng_state(), cuda
-
-    @contextmanager
-    def _replaying(self, state: RngState | None) -> Iterator[None]:
-        """Run the block with the RNG at ``state``, then put the RNG back (no-op for None)."""
-        if state is None:
-            yield
-            return
-        cuda = self.device.type == "cuda"
-        index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if cuda else 0
-        with torch.random.fork_rng(devices=[index] if cuda else []):
-            torch.set_rng_state(state[0])
-            if state[1] is not None:
-                torch.cuda.set_rng_state(state[1], self.device)
-            yield
-
-    def _forward(self, run: _Iteration, j: int) -> int:
-        """Forward microbatch ``j``; returns its start stamp."""
-        x = self._forward_input(run, j)
-        start = self.clock.stamp()
-        n = self.st.forward[j]
-        if self.st.recompute:
-            run.stash_in[j] = x.detach()
-            rng = self._rng_state()
-            with torch.no_grad():
-                out = self.module(x)
-                loss = self._weighted_loss(out, run, self.cf[j], n) if self.last else None
-            after = self._rng_state()
-            run.rng[j] = rng
-            run.random[j] = not torch.equal(rng[0], after[0]) or (
-                rng[1] is not None and after[1] is not None and not torch.equal(rng[1], after[1])
-            )  # fmt: skip
-        else:
-            x = self._leaf(x)
-            out = self.module(x)
-            loss = self._weighted_loss(out, run, self.cf[j], n) if self.last else None
-            run.graphs[j] = (x, out if loss is None else loss)
-        if loss is not None:
-            run.add_loss(loss.detach())
-        if not self.last:
-            run.outbox = out.detach().contiguous()
-        run.forwards_done = j + 1
-        return start
-
-    def _replay_state(self, run: _Iteration, k: int) -> RngState | None:
-        """The RNG state that replays backward microbatch ``k``'s forward; None if there was no randomness."""
-        parts = self._stash_parts[k]
-        (j, offset, count), *rest = parts
-        if not rest and offset == 0 and count == self.st.forward[j]:
-            return run.rng[j]  # exactly forward microbatch j: replay it
-        if any(run.random[m] for m, _, _ in parts):
-            lo, hi = self.cb[k], self.cb[k + 1]
-            raise RuntimeExecutionError(
-                f"stage {self.s} draws random numbers in its forward (dropout?) and recomputes backward "
-                f"microbatch {k} (samples [{lo}, {hi})), which is not one of its forward microbatches, so the "
-                f"recomputation cannot replay the forward's draws; give stage {self.s} a backward partition "
-                "equal to its forward one, or no recompute"
-            )
-        return None
-
-    def _backward(self, run: _Iteration, k: int) -> int:
-        """Backward microbatch ``k``; returns its start stamp."""
-        grad = None
-        if not self.last:
-            assert run.grads is not None
-            grad = run.grads.take(k, lambda h, m: self._wait(
-                h, f"gradient message {m} from stage {self.s + 1}, needed by backward microbatch {k}"))
-        if self.st.recompute:
-            stashed = assemble(run.stash_in, self._stash_parts[k])
-            replay = self._replay_state(run, k)
-            for j in self._stash_done[k]:
-                run.stash_in.pop(j, None)
-                run.rng.pop(j, None)
-            start = self.clock.stamp()
-            x = self._leaf(stashed)
-            with self._replaying(replay):
-                out = self.module(x)
-            root = self._weighted_loss(out, run, self.cb[k], self.st.backward[k]) if self.last else out
-        else:
-            start = self.clock.stamp()
-            x, root = run.graphs.pop(k)
-        # Nothing to differentiate when no parameter and no input needs a gradient (a first stage
-        # without parameters); autograd would refuse the call.
-        if root.requires_grad:
-            torch.autograd.backward(root, grad_tensors=grad)
-        if not self.first:
-            g = x.grad if x.grad is not None else torch.zeros_like(x)
-            run.outbox = g.contiguous()
-        run.backwards_done = k + 1
-        return start
-
-    def _after_op(self, run: _Iteration, kind: str, idx: int) -> None:
-        """Hand the op's message (if any) to a background send."""
-        if run.outbox is None:
-            return
-        peer: Peer = "next" if kind == "F" else "prev"
-        # Drop finished sends so their buffers can go (a recomputing stage keeps no outputs).
-        run.pending = [p for p in run.pending if not p[0].is_completed()]
-        to = self.s + 1 if kind == "F" else self.s - 1
-        what = f"stage {to} to receive {'activation' if kind == 'F' else 'gradient'} message {idx}"
-        run.pending.append((self._comm().isend(peer, run.outbox, idx), run.outbox, what))
-        run.outbox = None
-
-
-def _parts(sender: tuple[int, ...], receiver: tuple[int, ...]) -> list[list[Piece]]:
-    """For each receiver microbatch, its slices of the sender's messages."""
-    return [chunk_overlaps(sender, receiver, i) for i in range(len(receiver))]
-
-
-@dataclass
-class _Iteration:
-    """Mutable state of one iteration on one stage."""
-
-    acts: _Inbox | None
-    grads: _Inbox | None
-    inputs: torch.Tensor | None
-    targets: torch.Tensor | None
-    forwards_done: int = 0
-    backwards_done: int = 0
-    graphs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    stash_in: dict[int, torch.Tensor] = field(default_factory=dict)
-    rng: dict[int, RngState] = field(default_factory=dict)
-    random: dict[int, bool] = field(default_factory=dict)
-    pending: list[tuple[Handle, torch.Tensor, str]] = field(default_factory=list)
-    outbox: torch.Tensor | None = None
-    loss: torch.Tensor | None = None
-
-    def add_loss(self, value: torch.Tensor) -> None:
-        self.loss = value if self.loss is None else self.loss + value
+        return IterationStats(rank=self.rank, stages=self.mine, loss=loss, actions=records,
+                              pipeline_ms=max((r.end_ms for r in records), default=0.0), step_ms=self.clock.wall_ms(),
+                              layers=tuple(sorted(layers, key=lambda r: r.start_ms)), peak_memory_bytes=peak)  # fmt: skip

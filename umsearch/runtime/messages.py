@@ -1,42 +1,41 @@
-"""Message bookkeeping between two neighbouring stages: when a message may be dropped, and the
-slicing that builds a microbatch from messages.
+"""Message bookkeeping between two stages: which slices build a microbatch, and when a message may go.
 
-A message is one microbatch of the sender (MODEL.md section 4); the receiver
-partitions the same samples its own way. Which slices of which messages make up
-a receiver microbatch is :func:`umsearch.core.samples.chunk_overlaps` (``(message,
-offset, count)`` triples); everything here is a pure function of the two size
-lists, so the sender and the receiver agree without talking.
+A message is one microbatch of the sending stage (MODEL.md section 4); the
+receiving stage partitions the same samples its own way. Which slices of
+which messages make up a receiver microbatch is
+:func:`umsearch.core.samples.all_overlaps` (``(message, offset, count)``
+triples, one linear merge for the whole lists); everything here is a pure
+function of the size lists and the order in which the receiver reads its
+microbatches, so the sender and the receiver agree without talking.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
-
-from umsearch.core.samples import chunk_overlaps
 
 Piece = tuple[int, int, int]
 """``(message, offset in the message, count)``: one slice of a receiver microbatch."""
 
 
-def last_use(sender: Sequence[int], receiver: Sequence[int]) -> list[int]:
-    """For each message, the last receiver microbatch that reads it.
+def releases(parts: Sequence[Sequence[Piece]], order: Iterable[int], messages: int) -> list[list[int]]:
+    """For each receiver microbatch, the messages that no microbatch read after it needs.
 
-    After that microbatch has been built, the receiver can let the message go.
+    ``parts[k]`` are the slices of receiver microbatch ``k``; ``order`` the
+    receiver microbatches in the order they are built (each once, any order);
+    ``messages`` how many messages there are. After building microbatch ``k``
+    the receiver may drop the messages ``releases(...)[k]``. Linear in the
+    number of slices.
     """
-    last = [0] * len(sender)
-    for index in range(len(receiver)):
-        for message, _, _ in chunk_overlaps(sender, receiver, index):
-            last[message] = index
-    return last
-
-
-def releases(sender: Sequence[int], receiver: Sequence[int]) -> list[list[int]]:
-    """For each receiver microbatch, the messages no later microbatch reads."""
-    out: list[list[int]] = [[] for _ in receiver]
-    for message, index in enumerate(last_use(sender, receiver)):
-        out[index].append(message)
+    last = [-1] * messages
+    for k in order:
+        for m, _, _ in parts[k]:
+            last[m] = k
+    out: list[list[int]] = [[] for _ in parts]
+    for m, k in enumerate(last):
+        if k >= 0:
+            out[k].append(m)
     return out
 
 

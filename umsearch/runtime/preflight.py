@@ -1,9 +1,13 @@
 """Checks made before a plan runs: a plan that cannot run is refused with the reason.
 
-The launching process runs :func:`preflight` (deadlock, layer count) before it
-starts anything; every rank runs :func:`rank_preflight` on the model it has
-built anyway (layer count, ``make_batch``, deadlock) before it talks to a
-peer, so a plan started straight with torchrun is refused just the same.
+Whether a plan deadlocks is a question about its action lists alone
+(:func:`umsearch.core.deps.find_deadlock`): no profile, no durations, no
+simulation. Whether it fits its profile (layer count, the I/W split its
+actions use) is :meth:`umsearch.core.cost.CostModel.check`'s, asked by the
+plan loader. The launching process runs :func:`preflight` before it starts
+anything; every rank runs :func:`rank_preflight` on the model it has built
+anyway (layer count, ``make_batch``, deadlock) before it talks to a peer, so a
+plan started straight with torchrun is refused just the same.
 """
 
 from __future__ import annotations
@@ -11,47 +15,28 @@ from __future__ import annotations
 import torch
 
 from umsearch.core.cost import CostModel
+from umsearch.core.deps import find_deadlock
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, validate_plan
-from umsearch.core.profile import LayerProfile, Link, Profile
-from umsearch.runtime.model import ModelFactory, ModelLike
-from umsearch.sim.reference import SimResult, simulate
+from umsearch.runtime.factory import ModelFactory, ModelLike
 
 
-def structural_cost(num_layers: int) -> CostModel:
-    """A cost model with unit layer times and a free link.
-
-    Whether a plan deadlocks depends only on its op orders and message spans,
-    not on durations, so any positive times answer that question.
-    """
-    layers = tuple(
-        LayerProfile(name=f"layer{i}", fwd_ms=(1.0, 1.0), bwd_ms=(2.0, 2.0), out_bytes=0.0,
-                     stash_bytes=0.0, param_bytes=0.0)
-        for i in range(num_layers)
-    )  # fmt: skip
-    profile = Profile(model="structural", device="none", dtype="none", microbatch_sizes=(1, 2),
-                      input_bytes=0.0, layers=layers, link=Link(latency_ms=0.0, bandwidth_gb_per_s=1.0))  # fmt: skip
-    return CostModel(profile)
-
-
-def check_deadlock(plan: Plan, cost: CostModel | None = None) -> SimResult:
-    """Simulate ``plan`` (under ``cost``, else unit times); raise PlanError when it deadlocks."""
-    res = simulate(plan, cost or structural_cost(plan.stages[-1].hi))
-    if res.deadlock:
+def check_deadlock(plan: Plan) -> None:
+    """Raise PlanError naming every stuck rank's action and what it waits for when ``plan`` deadlocks."""
+    stuck = find_deadlock(validate_plan(plan))
+    if stuck:
         raise PlanError(
-            "the plan deadlocks (" + "; ".join(res.blocked) + "); raise the warmup of the stuck "
-            "stages or align their microbatches with the neighbour's"
+            "the plan deadlocks (" + "; ".join(stuck) + "); reorder the stuck ranks' actions so that every "
+            "input is produced before it is needed, or align the microbatches with the neighbour's"
         )
-    return res
 
 
 def check_layers(plan: Plan, num_layers: int, what: str = "the model") -> None:
     """Raise PlanError unless ``plan``'s stages tile exactly ``num_layers`` layers of ``what``."""
     validate_plan(plan)
-    covered = plan.stages[-1].hi
-    if covered != num_layers:
+    if plan.num_layers != num_layers:
         raise PlanError(
-            f"the plan covers layers [0, {covered}) but {what} has {num_layers} layers; the last stage "
+            f"the plan covers layers [0, {plan.num_layers}) but {what} has {num_layers} layers; the last stage "
             f"must end at layer {num_layers} (search again with a profile of this model)"
         )
 
@@ -90,14 +75,14 @@ def count_layers(factory: ModelFactory) -> int:
     return len(factory().layers)
 
 
-def preflight(plan: Plan, factory: ModelFactory, cost: CostModel | None = None) -> SimResult:
-    """The launching process's checks: the plan fits the model's layers and does not deadlock.
-
-    Returns the simulation under ``cost`` (unit times without one), so callers
-    that also want the prediction simulate only once.
-    """
-    check_layers(plan, count_layers(factory))
-    return check_deadlock(plan, cost)
+def preflight(plan: Plan, factory: ModelFactory | None = None, cost: CostModel | None = None) -> None:
+    """The launching process's checks: no deadlock, the profile's layers and I/W split (``cost``), and
+    the model's layer count (``factory``, built on ``meta``). Without ``factory`` no model code runs."""
+    check_deadlock(plan)
+    if cost is not None:
+        cost.check(plan)
+    if factory is not None:
+        check_layers(plan, count_layers(factory))
 
 
 def rank_preflight(plan: Plan, model: ModelLike) -> None:

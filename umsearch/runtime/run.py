@@ -1,35 +1,43 @@
-"""Run a plan for real on local torchrun processes and gather what every stage measured."""
+"""Run a plan for real on local torchrun processes (one per rank) and gather what every rank measured."""
 
 from __future__ import annotations
 
 import os
 import statistics
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from umsearch.core.actions import ActionRecord
 from umsearch.core.cost import CostModel
+from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
-from umsearch.runtime.config import RunConfig
-from umsearch.runtime.executor import OpTiming
+from umsearch.runtime.config import ModelChoice, RunConfig, to_argv
 from umsearch.runtime.launch import launch, launch_entry
-from umsearch.runtime.model import ModelFactory
-from umsearch.runtime.preflight import preflight
-from umsearch.runtime.worker import StageReport, stage_worker
+
+if TYPE_CHECKING:
+    import torch
+
+    from umsearch.runtime.factory import ModelFactory
+    from umsearch.runtime.worker import StageReport
+
+RUN_SCHEMA = "umsearch.run/1"
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
-    """One iteration, all stages together."""
+    """One iteration, all ranks together."""
 
     iteration_ms: float
-    """Latest op end of any stage after the barrier: what the simulator predicts."""
+    """Latest action end of any rank after the common start: what the simulator predicts."""
     step_ms: float
-    """Slowest stage's wall time including its optimizer step."""
+    """Slowest rank's wall time including its optimizer step."""
     loss: float | None
-    """Full-batch mean loss (from the last stage)."""
-    ops: tuple[OpTiming, ...]
-    """Every op of every stage, by start time."""
+    """Full-batch mean loss (from the rank holding the last stage)."""
+    records: tuple[ActionRecord, ...]
+    """Every action of every rank, by start time."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +49,7 @@ class RunResult:
     grads: dict[str, torch.Tensor] | None
     """Every parameter's gradient after the last iteration (``collect_grads`` only)."""
     cpus: tuple[tuple[int, ...] | None, ...] = ()
-    """Per stage, the CPU cores its process could use."""
+    """Per rank, the CPU cores its process could use."""
 
     def kept(self, skip: int) -> tuple[StepResult, ...]:
         """The iterations after the first ``skip`` (warm-up); all of them when that would leave none."""
@@ -65,7 +73,7 @@ class RunResult:
         return quartiles([s.iteration_ms for s in self.kept(skip)])
 
 
-def quartiles(values: list[float]) -> tuple[float, float]:
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
     """(Q1, Q3) of ``values`` (inclusive method; one value is its own quartiles)."""
     if len(values) < 2:
         return values[0], values[0]
@@ -73,17 +81,18 @@ def quartiles(values: list[float]) -> tuple[float, float]:
     return q1, q3
 
 
-def merge(reports: list[StageReport]) -> RunResult:
-    """Combine the per-stage reports into one result per iteration."""
-    steps = []
-    for i in range(len(reports[0].stats)):
-        per_stage = [r.stats[i] for r in reports]
-        ops = sorted((op for st in per_stage for op in st.ops), key=lambda o: (o.start_ms, o.stage))
-        steps.append(StepResult(
-            iteration_ms=max(st.pipeline_ms for st in per_stage),
-            step_ms=max(st.step_ms for st in per_stage),
-            loss=per_stage[-1].loss, ops=tuple(ops),
-        ))  # fmt: skip
+def merge_step(per_rank: Sequence[Any]) -> StepResult:
+    """One iteration from every rank's stats of it (rank order)."""
+    records = sorted((a for st in per_rank for a in st.actions), key=lambda a: (a.start_ms, a.rank))
+    losses = [st.loss for st in per_rank if st.loss is not None]
+    return StepResult(iteration_ms=max((a.end_ms for a in records), default=0.0),
+                      step_ms=max(st.step_ms for st in per_rank), loss=losses[0] if losses else None,
+                      records=tuple(records))  # fmt: skip
+
+
+def merge(reports: Sequence[StageReport]) -> RunResult:
+    """Combine the per-rank reports (rank order) into one result per iteration."""
+    steps = [merge_step([r.stats[i] for r in reports]) for i in range(len(reports[0].stats))]
     grads = None
     if all(r.grads is not None for r in reports):
         grads = {k: v for r in reports for k, v in (r.grads or {}).items()}
@@ -92,26 +101,73 @@ def merge(reports: list[StageReport]) -> RunResult:
 
 def run_plan(plan: Plan, factory: ModelFactory, cfg: RunConfig | None = None, cost: CostModel | None = None,
              *, preflighted: bool = False) -> RunResult:  # fmt: skip
-    """Check ``plan`` against the model and for deadlock, then run it on one torchrun rank per stage.
+    """Check ``plan`` (deadlock, profile, the model's layers) and run it on one torchrun rank per plan rank.
 
     ``factory`` must be picklable (a module-level function or a partial of
     one): every rank calls it to rebuild the same model. ``preflighted``: the
     caller already ran :func:`~umsearch.runtime.preflight.preflight` on this
-    plan, so it is not repeated here (the ranks still check, unless
-    ``cfg.check`` is off).
+    plan (the ranks still check, unless ``cfg.check`` is off).
     """
+    from umsearch.runtime.preflight import preflight
+    from umsearch.runtime.worker import stage_worker
+
     cfg = cfg or RunConfig()
     if cfg.check and not preflighted:
         preflight(plan, factory, cost)
-    reports = launch(stage_worker, plan.num_stages, (plan.to_json(), factory, cfg), cfg.launch)
-    return merge(reports)
+    return merge(launch(stage_worker, plan.ranks, (plan.to_json(), factory, cfg), cfg.launch))
 
 
-def run_plan_file(plan_path: str | os.PathLike[str], num_stages: int, cfg: RunConfig) -> RunResult:
+def run_plan_file(plan_path: str | os.PathLike[str], ranks: int, cfg: RunConfig,
+                  choice: ModelChoice | None = None) -> RunResult:  # fmt: skip
     """Run a plan file the way a cluster does: torchrun with the entry point's command line.
 
-    The ranks load the plan, build its model and check it themselves; the
-    caller checks before, to refuse a bad plan without starting anything.
+    The ranks load the plan, resolve its model under the same trust rule and
+    check it themselves; the caller checks before, to refuse a bad plan
+    without starting anything.
     """
-    reports = launch_entry(num_stages, [str(plan_path), *cfg.to_argv()], cfg.launch)
-    return merge(reports)
+    return merge(launch_entry(ranks, [str(plan_path), *to_argv(cfg, choice)], cfg.launch))
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Raise unless ``path`` can be written (tried, not guessed: a probe file in the nearest existing
+    folder, removed at once), so that a run is not wasted on an output that cannot be kept."""
+    p = Path(path)
+    if p.is_dir():
+        raise RuntimeExecutionError(f"{flag} {path!r} is a directory; give a file path")
+    folder = p.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise RuntimeExecutionError(f"{flag} {path!r} cannot be written: {str(folder)!r} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise RuntimeExecutionError(f"{flag} {path!r} cannot be written: {exc.strerror} in {str(folder)!r}; "
+                                    "pick a folder you can write to") from None  # fmt: skip
+
+
+def grads_json(grads: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Gradients as ``{name: {"shape", "values"}}`` (float64 values; JSON round-trips them exactly)."""
+    return {name: {"shape": list(g.shape), "values": g.detach().double().flatten().tolist()}
+            for name, g in sorted(grads.items())}  # fmt: skip
+
+
+def step_rows(result: RunResult) -> list[dict[str, Any]]:
+    """One row per iteration: index, iteration time, time with the optimizer, loss."""
+    return [{"step": i, "iteration_ms": s.iteration_ms, "step_ms": s.step_ms, "loss": s.loss}
+            for i, s in enumerate(result.steps)]  # fmt: skip
+
+
+def run_document(result: RunResult, cfg: RunConfig, *, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's report (``umsearch.run/1``): every iteration, the median after warm-up and its IQR,
+    and the gradients when they were collected."""
+    median = result.median_step(cfg.warmup_steps)
+    doc: dict[str, Any] = {
+        "schema": RUN_SCHEMA, **(meta or {}), "backend": cfg.launch.backend, "threads": cfg.launch.threads,
+        "steps": step_rows(result), "warmup_steps": cfg.warmup_steps,
+        "median_iteration_ms": median.iteration_ms, "quartiles_ms": list(result.quartiles_ms(cfg.warmup_steps)),
+    }  # fmt: skip
+    if result.grads is not None:
+        doc["grads"] = grads_json(result.grads)
+    return doc

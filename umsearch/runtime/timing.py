@@ -1,16 +1,20 @@
-"""Timestamps of ops relative to the start of an iteration, on CPU or on a CUDA stream.
+"""Timestamps relative to the start of an iteration, on CPU or on a CUDA stream, and per-layer records.
 
-On CPU a stamp is ``time.perf_counter()`` taken when the op starts or ends. On
-CUDA work is asynchronous, so a stamp is an event recorded on the current
-stream (after the stream has been told to wait for the op's messages); the
-times are read after one synchronize at the end of the iteration.
+On CPU a stamp is ``time.perf_counter()`` taken when an action (or a layer)
+starts or ends. On CUDA work is asynchronous, so a stamp is an event recorded
+on the current stream (after the stream has been told to wait for the
+action's messages); the times are read after one synchronize at the end of
+the iteration.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
+
+from umsearch.core.actions import Kind
 
 
 class StampClock:
@@ -53,3 +57,46 @@ class StampClock:
     def wall_ms(self) -> float:
         """Host time since :meth:`reset`."""
         return (time.perf_counter() - self._origin_s) * 1e3
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerRecord:
+    """One layer's part of an action, timed when the executor runs with ``layer_timing``."""
+
+    rank: int
+    """The rank that ran it."""
+    stage: int
+    """The stage holding the layer."""
+    layer: int
+    """Global layer index."""
+    kind: Kind
+    """``F`` forward, ``B`` full backward, ``I`` input-gradient part, ``W`` weight-gradient part."""
+    mb: int
+    """Microbatch index in the stage's forward (``F`` not recomputing) or backward list."""
+    size: int
+    """Samples in the microbatch."""
+    recompute: bool
+    """An ``F`` that rebuilds the graph inside a ``B`` or ``I`` of a recomputing stage."""
+    start_ms: float
+    """Start time since the iteration began."""
+    end_ms: float
+    """End time."""
+
+
+@dataclass(frozen=True)
+class LayerStamp:
+    """A layer's part of an action while the iteration runs: stamp indices, not yet times."""
+
+    stage: int
+    layer: int
+    kind: Kind
+    mb: int
+    size: int
+    recompute: bool
+    start: int
+    end: int
+
+    def record(self, rank: int, times: list[float]) -> LayerRecord:
+        return LayerRecord(rank=rank, stage=self.stage, layer=self.layer, kind=self.kind, mb=self.mb,
+                           size=self.size, recompute=self.recompute, start_ms=times[self.start],
+                           end_ms=times[self.end])  # fmt: skip

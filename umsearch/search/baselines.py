@@ -18,7 +18,7 @@ says which, so no heuristic result passes for an exact one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +32,9 @@ from umsearch.search.partition import Cuts, all_cuts, balanced_cuts, count_cuts,
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
 from umsearch.sim.batch import ArrayPlan, action_code
+
+Stop = Callable[[], bool]
+"""Asked between steps: True once the baselines' share of the time budget is spent."""
 
 EXACT_LIMIT = 40_000
 """Most plans (shapes times partitions) one schedule's exact search scores."""
@@ -89,7 +92,8 @@ def shapes(peer: PeerSchedule, rules: Rules) -> list[Shape]:
     return out
 
 
-def _partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables) -> tuple[Cuts, float, str]:
+def _partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables,
+               stop: Stop) -> tuple[Cuts, float, str]:  # fmt: skip
     S, L = rules.ranks * shape.v, rules.num_layers
     times = lambda cs: score.plans([shape.on(c) for c in cs])[0]  # noqa: E731
     n = count_cuts(L, S)
@@ -100,12 +104,22 @@ def _partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables) ->
         return cands[i], float(t[i]), f"best of all {n} partitions"
     b = -(-rules.batch // shape.microbatches)
     start = [balanced_cuts(stage_work(tables, b), S)]
-    cuts, t_best = descend(start, times)
+    cuts, t_best = descend(start, times, stop=stop)
+    if stop():
+        return cuts, t_best, f"cut descent from the balanced partition, cut short by the time budget ({n} partitions)"
     return cuts, t_best, f"cut descent from the balanced partition (local optimum; {n} partitions)"
 
 
-def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostTables) -> Scored | None:
-    """``peer``'s fastest plan that fits: best stage count, microbatch count and partition."""
+def _never() -> bool:
+    return False
+
+
+def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostTables,
+                  stop: Stop = _never) -> Scored | None:  # fmt: skip
+    """``peer``'s fastest plan that fits: best stage count, microbatch count and partition.
+
+    Once ``stop()`` is true, partitions are no longer refined (the method says so).
+    """
     cands = shapes(peer, rules)
     if not cands:
         return None
@@ -125,7 +139,9 @@ def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostT
         if by_v.get(s.v, 0) >= REFINED_COUNTS:
             continue
         by_v[s.v] = by_v.get(s.v, 0) + 1
-        cuts, t, how = _partition(s, rules, score, tables)
+        if stop() and best is not None:
+            break
+        cuts, t, how = _partition(s, rules, score, tables, stop)
         if np.isfinite(t) and (best is None or t < best[0]):
             best = (t, s, cuts, how)
     if best is None:
@@ -177,15 +193,22 @@ def greedy_baseline(rules: Rules, score: Scorer, tables: CostTables, cuts: Seque
     return s if np.isfinite(s.iteration_ms) and s.max_memory <= score.memory_limit else None
 
 
-def baselines(space: SearchSpace, rules: Rules, score: Scorer, tables: CostTables) -> dict[str, Scored | None]:
+def baselines(space: SearchSpace, rules: Rules, score: Scorer, tables: CostTables, *, stop: Stop = _never,
+              tick: Callable[[int, int], None] | None = None) -> dict[str, Scored | None]:  # fmt: skip
     """Every requested peer schedule's best plan, and the local greedy plan; None where none fits
-    (or the profile lacks the I/W split a zero-bubble schedule needs)."""
+    (or the profile lacks the I/W split a zero-bubble schedule needs). ``tick(done, total)`` after
+    each peer; past ``stop()``, partitions are left unrefined (large models, short budgets)."""
     out: dict[str, Scored | None] = {}
-    for name in space.peers:
+    for i, name in enumerate(space.peers):
         peer = PEER_SCHEDULES[name]
-        out[name] = None if peer.split_backward and not rules.split else peer_baseline(peer, rules, score, tables)
+        out[name] = (None if peer.split_backward and not rules.split
+                     else peer_baseline(peer, rules, score, tables, stop))  # fmt: skip
+        if tick is not None:
+            tick(i + 1, len(space.peers) + 1)
     v1 = [s for s in out.values() if s is not None and s.plan.num_stages == rules.ranks]
     cuts = ((0, *[st.lo for st in v1[0].plan.stages[1:]], rules.num_layers) if v1
             else balanced_cuts(stage_work(tables, rules.largest), rules.ranks))  # fmt: skip
     out["local greedy"] = greedy_baseline(rules, score, tables, cuts)
+    if tick is not None:
+        tick(len(space.peers) + 1, len(space.peers) + 1)
     return out

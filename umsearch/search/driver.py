@@ -150,6 +150,10 @@ def _front(items: list[T], key: Callable[[T], tuple[float, float]]) -> list[T]:
     return out
 
 
+BASELINE_SHARE = 0.5
+"""Share of the time budget the baselines may use before they stop refining partitions."""
+
+
 class _Run:
     """One search's state: what it scored and found, and how it reports."""
 
@@ -194,12 +198,15 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
     """Search ``space``; Ctrl-C stops early and still returns the best found (see the module docstring)."""
     run = _Run(space, profile, on_progress)
     rules, score = run.rules, run.score
-    run.report("baselines", 0, 1)
-    base = baselines(space, rules, score, run.tables)
+    run.report("baselines", 0, len(space.peers) + 1)
+    # The baselines get at most half of the budget: past it, their partitions are left unrefined
+    # (only huge models get there), so the search itself still has time.
+    half = run.start + space.time_budget_s * BASELINE_SHARE
+    base = baselines(space, rules, score, run.tables, stop=lambda: time.perf_counter() > half,
+                     tick=lambda done, total: run.report("baselines", done, total))  # fmt: skip
     for b in base.values():
         if b is not None:
             run.best_ms = min(run.best_ms, b.iteration_ms)
-    run.report("baselines", 1, 1)
     interrupted = False
     try:
         grid = first_pass(rules, run.tables)

@@ -45,15 +45,23 @@ class ActionTiming:
     def cross_rank(self, a: Action, other: int) -> bool:
         return self.plan.stages[a.stage].rank != self.plan.stages[other].rank
 
-    def duration(self, a: Action) -> float:
+    def base_ms(self, a: Action) -> float:
+        """The layers' own time of ``a`` (recomputation included), without the runtime's overheads."""
         st, c, n = self.plan.stages[a.stage], self.cost, self.size(a)
         t = c.time_ms(_QUANTITY[a.kind], st.lo, st.hi, n)
         if st.recompute and a.kind in ("B", "I"):
             t += c.time_ms("fwd", st.lo, st.hi, n)
+        return t
+
+    def messages(self, a: Action) -> int:
+        """Cross-rank messages charged to ``a``: the one it sends, and one per producer on another rank."""
         to = self.consumer(a)
-        messages = int(to is not None and self.cross_rank(a, to))
-        messages += sum(1 for p in self.deps.producers(a) if self.cross_rank(a, p.stage))
-        return t + c.op_overhead_ms + c.message_overhead_ms * messages
+        sent = int(to is not None and self.cross_rank(a, to))
+        return sent + sum(1 for p in self.deps.producers(a) if self.cross_rank(a, p.stage))
+
+    def duration(self, a: Action) -> float:
+        """MODEL.md section 4: the base time plus the per-action and per-message overheads."""
+        return self.base_ms(a) + self.cost.op_overhead_ms + self.cost.message_overhead_ms * self.messages(a)
 
     def transfer(self, a: Action) -> float:
         """Link time of ``a``'s message: a forward crosses after layer hi-1, a gradient after lo-1."""

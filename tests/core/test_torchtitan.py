@@ -1,0 +1,85 @@
+"""Plans as torchtitan settings: torchtitan's own names, named schedules recognised, CSV otherwise."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from tests.runtime.helpers import peer_plan, placed
+from umsearch.core.errors import PlanError
+from umsearch.core.export import parse_pipelining_csv
+from umsearch.core.schedules import PEER_SCHEDULES
+from umsearch.core.torchtitan import (
+    PARALLELISM_KEYS,
+    module_names,
+    named_schedule,
+    torchtitan_export,
+)
+
+# The fields of torchtitan's ``Parallelism`` job config (torchtitan/config/job_config.py) that concern
+# the pipeline, as spelled there; NeMo Automodel's pipelining config takes the same names.
+TORCHTITAN_PIPELINE_FIELDS = {
+    "pipeline_parallel_degree", "pipeline_parallel_split_points", "module_fqns_per_model_part",
+    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+    "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+    "pipeline_parallel_microbatch_size",
+}  # fmt: skip
+# torch.distributed.pipelining.schedules.get_schedule_class's names (2.13), which torchtitan passes on.
+TORCH_SCHEDULE_NAMES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
+                        "PipelineScheduleSingle", "PipelineScheduleMulti", "ZBVZeroBubble", "DualPipeV"}  # fmt: skip
+
+
+def test_every_key_written_is_one_of_torchtitans() -> None:
+    assert set(PARALLELISM_KEYS) <= TORCHTITAN_PIPELINE_FIELDS
+    assert set(PEER_SCHEDULES) <= TORCH_SCHEDULE_NAMES
+
+
+def test_torchs_schedule_class_names_are_the_ones_recorded_here() -> None:
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    for name in TORCH_SCHEDULE_NAMES:
+        assert schedules.get_schedule_class(name).__name__
+
+
+@pytest.mark.parametrize("name, ranks, v, m", [("GPipe", 2, 1, 4), ("1F1B", 4, 1, 8), ("Interleaved1F1B", 2, 2, 4),
+                                               ("LoopedBFS", 2, 3, 4), ("InterleavedZeroBubble", 2, 2, 4),
+                                               ("ZBVZeroBubble", 2, 2, 4)])  # fmt: skip
+def test_a_peer_schedule_exports_by_name(name: str, ranks: int, v: int, m: int) -> None:
+    plan = peer_plan(name, ranks, v, m, batch=2 * m, layers=ranks * v)
+    found = named_schedule(plan)
+    # Where two schedules coincide for a shape, the first registered is named; its order is the same.
+    assert found is not None and PEER_SCHEDULES[found].generate(ranks, v, m) == plan.actions
+    exp = torchtitan_export(plan, [f"layers.{i}" for i in range(plan.num_layers)])
+    assert exp.csv is None and exp.training == {"local_batch_size": 2 * m}
+    par = exp.parallelism
+    assert par["pipeline_parallel_degree"] == ranks and par["pipeline_parallel_microbatch_size"] == 2
+    assert par["module_fqns_per_model_part"] == [[f"layers.{i}" for i in range(s.lo, s.hi)] for s in plan.stages]
+    assert tomllib.loads(exp.toml("a header"))["parallelism"] == par
+
+
+def test_another_order_exports_as_a_csv_with_the_placements_schedule_name() -> None:
+    plan = placed(4, [0, 1, 2, 3, 4], [0, 1, 1, 0], [[2, 2]] * 4,
+                  ["0F0 0F1 3F0 3I0 3F1 3I1 3W0 3W1 0I0 0I1 0W0 0W1",
+                   "1F0 1F1 2F0 2I0 2F1 2I1 1I0 1I1 2W0 2W1 1W0 1W1"])  # fmt: skip
+    assert named_schedule(plan) is None
+    exp = torchtitan_export(plan, ["a", "b", "c", "d"], csv_path="s.csv")
+    assert exp.parallelism["pipeline_parallel_schedule"] == "ZBVZeroBubble"  # makes torchtitan place it V-shaped
+    assert exp.parallelism["pipeline_parallel_schedule_csv"] == "s.csv"
+    assert exp.csv is not None and parse_pipelining_csv(exp.csv) == plan.actions
+
+
+def test_what_torchtitan_cannot_run_is_refused_with_the_reason() -> None:
+    unequal = placed(6, [0, 1, 2], [0, 1], [[2, 4], [3, 3]], ["0F0 0F1 0B0 0B1", "1F0 1F1 1B0 1B1"])
+    with pytest.raises(PlanError, match="equal microbatches only"):
+        torchtitan_export(unequal, ["a", "b"])
+    uneven = placed(5, [0, 1, 2], [0, 1], [[3, 2], [3, 2]], ["0F0 0F1 0B0 0B1", "1F0 1F1 1B0 1B1"])
+    with pytest.raises(PlanError, match="one microbatch size that divides the batch"):
+        torchtitan_export(uneven, ["a", "b"])
+    odd = placed(2, [0, 1, 2, 3], [0, 1, 0], [[2]] * 3, ["0F0 2F0 2B0 0B0", "1F0 1B0"])
+    with pytest.raises(PlanError, match="places its 3 stages on ranks"):
+        torchtitan_export(odd, ["a", "b", "c"])
+
+
+def test_module_names() -> None:
+    assert module_names(["embedding", "block0"], sequential=True) == ["0", "1"]
+    assert module_names(["tok_embeddings", "layers.0"], sequential=False) == ["tok_embeddings", "layers.0"]

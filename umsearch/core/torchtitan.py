@@ -1,0 +1,146 @@
+"""A plan as torchtitan's ``[parallelism]`` settings (NeMo Automodel reads the same names).
+
+torchtitan builds its pipeline from a few settings, checked here against
+its ``Parallelism`` job config (``torchtitan/config/job_config.py``) and its
+``build_pipeline_schedule``:
+
+- ``pipeline_parallel_degree``: the ranks R.
+- ``pipeline_parallel_microbatch_size``: one size for every microbatch;
+  torchtitan runs ``training.local_batch_size // microbatch_size`` of them
+  and refuses a batch the size does not divide.
+- ``module_fqns_per_model_part``: for each stage, the module names it holds.
+  umsearch writes the profile's layer names: they are the model's module
+  paths when the profile was taken of a model whose layers are named that way
+  (a torchtitan Llama: ``tok_embeddings``, ``layers.0`` .. ``layers.N``,
+  ``norm``, ``output``). Zoo models are plain ``nn.Sequential`` lists, whose
+  paths are ``0``, ``1``, ...: :func:`module_names` maps them so.
+- ``pipeline_parallel_schedule``: one of torch's schedule names when the
+  plan's order is exactly that schedule's; otherwise
+  ``pipeline_parallel_schedule_csv`` names a compute-only CSV of the order,
+  which torchtitan runs with ``_PipelineScheduleRuntime``. It still reads
+  the schedule name to place stages on ranks (V-shape for ``ZBVZeroBubble``,
+  looped otherwise), so umsearch names one with the plan's placement.
+
+Pure Python; neither torch nor torchtitan is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from umsearch.core.errors import PlanError
+from umsearch.core.plan import Plan
+from umsearch.core.schedules import PEER_SCHEDULES, placement
+
+PARALLELISM_KEYS = (
+    "pipeline_parallel_degree",
+    "pipeline_parallel_microbatch_size",
+    "module_fqns_per_model_part",
+    "pipeline_parallel_schedule",
+    "pipeline_parallel_schedule_csv",
+)
+"""Every ``[parallelism]`` key an export writes, spelled as torchtitan's job config spells them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchtitanExport:
+    """What a torchtitan job needs to run a plan."""
+
+    training: dict[str, Any]
+    """The ``[training]`` settings (``local_batch_size``)."""
+    parallelism: dict[str, Any]
+    """The ``[parallelism]`` settings, keys from :data:`PARALLELISM_KEYS`."""
+    csv: str | None
+    """The compute-only schedule CSV when no named schedule matches (None otherwise)."""
+
+    def toml(self, header: str = "") -> str:
+        """The settings as a TOML fragment to merge into a torchtitan train config."""
+        lines = [f"# {line}" for line in header.splitlines()] + ["", "[training]"]
+        lines += [f"{k} = {_toml(v)}" for k, v in self.training.items()]
+        lines += ["", "[parallelism]"]
+        lines += [f"{k} = {_toml(v)}" for k, v in self.parallelism.items()]
+        return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def named_schedule(plan: Plan) -> str | None:
+    """The torch schedule whose order and placement the plan has exactly (equal microbatches), or None."""
+    if not plan.equal_microbatches or plan.num_stages % plan.ranks:
+        return None
+    v, m = plan.num_stages // plan.ranks, len(plan.stages[0].forward)
+    ranks_of = tuple(st.rank for st in plan.stages)
+    for name, peer in PEER_SCHEDULES.items():
+        if peer.accepts(plan.ranks, v, m) is None and peer.stage_ranks(plan.ranks, v) == ranks_of \
+                and peer.generate(plan.ranks, v, m) == plan.actions:  # fmt: skip
+            return name
+    return None
+
+
+def _placement_name(plan: Plan) -> str:
+    """A torch schedule name that makes torchtitan place the plan's stages where the plan has them."""
+    if plan.num_stages % plan.ranks == 0:
+        v = plan.num_stages // plan.ranks
+        ranks_of = tuple(st.rank for st in plan.stages)
+        if ranks_of == placement("loop", plan.ranks, v):
+            return "PipelineScheduleMulti"
+        if v == 2 and ranks_of == placement("vshape", plan.ranks, v):
+            return "ZBVZeroBubble"
+    raise PlanError(
+        "torchtitan places stages on ranks looped (stage j on rank j mod R) or, for ZBVZeroBubble, V-shaped "
+        f"with 2 per rank; this plan places its {plan.num_stages} stages on ranks "
+        f"{[st.rank for st in plan.stages]}; search with placement = 'loop' or 'vshape' to export it"
+    )
+
+
+def module_names(layer_names: Sequence[str], sequential: bool) -> list[str]:
+    """The module path of each layer: its index in an ``nn.Sequential`` (zoo models), else its name."""
+    return [str(i) for i in range(len(layer_names))] if sequential else list(layer_names)
+
+
+def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "schedule.csv") -> TorchtitanExport:
+    """torchtitan's settings for ``plan`` (equal microbatches only); ``modules[i]`` is layer i's path.
+
+    Raises PlanError, naming the reason and the way out, for a plan torchtitan
+    cannot run as it is (unequal microbatches, a size that does not divide the
+    batch, a placement torchtitan does not make).
+    """
+    from umsearch.core.export import pipelining_csv
+
+    if not plan.equal_microbatches:
+        raise PlanError("torchtitan runs equal microbatches only; this plan's differ between stages or "
+                        "microbatches (export its best equal baseline, or run it with umsearch run)")  # fmt: skip
+    sizes = plan.stages[0].forward
+    if len(set(sizes)) != 1:
+        raise PlanError(
+            f"the plan splits the batch of {plan.global_batch} into {len(sizes)} microbatches of sizes "
+            f"{sorted(set(sizes))}; torchtitan needs one microbatch size that divides the batch"
+        )
+    if len(modules) != plan.num_layers:
+        raise PlanError(f"{len(modules)} layer names for a plan over {plan.num_layers} layers")
+    parallelism: dict[str, Any] = {
+        "pipeline_parallel_degree": plan.ranks,
+        "pipeline_parallel_microbatch_size": sizes[0],
+        "module_fqns_per_model_part": [list(modules[st.lo:st.hi]) for st in plan.stages],
+    }
+    name = named_schedule(plan)
+    csv = None
+    if name is not None:
+        parallelism["pipeline_parallel_schedule"] = name
+    else:
+        parallelism["pipeline_parallel_schedule"] = _placement_name(plan)
+        csv = pipelining_csv(plan.actions)
+        parallelism["pipeline_parallel_schedule_csv"] = csv_path
+    return TorchtitanExport(training={"local_batch_size": plan.global_batch}, parallelism=parallelism, csv=csv)

@@ -1,0 +1,123 @@
+"""Which model a plan runs, whether umsearch may run its code, and the slices the stages keep.
+
+A plan made by the search names its model under ``model``; a hand-written
+plan may instead name a profile whose ``model_spec`` says it; the user may
+name one with ``--model``. :func:`resolve_plan` applies the one rule about
+code (:mod:`umsearch.core.model_spec`): a zoo model, or a model the user
+named, is built; any other model a data file names is built only with
+``--trust-model-code``. The launcher and every rank call it with the same
+:class:`~umsearch.runtime.config.ModelChoice`, so a plan started straight with
+torchrun on a cluster is held to the same rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from umsearch.core.errors import ModelSpecError, PlanError, ProfilingError
+from umsearch.core.loader import LoadedPlan, load_plan_file
+from umsearch.core.model_spec import ModelSpec, parse_arg
+from umsearch.runtime.config import ModelChoice
+
+
+class ModelLike(Protocol):
+    """What the runtime needs of a model (:class:`umsearch.measure.spec.BuiltModel` is one)."""
+
+    @property
+    def layers(self) -> Sequence[torch.nn.Module]: ...
+    @property
+    def make_batch(self) -> Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]: ...
+    @property
+    def loss(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]: ...
+
+
+ModelFactory = Callable[[], ModelLike]
+"""Builds the same model (same weights) every time it is called; must be picklable."""
+
+
+def _file_args(loaded: LoadedPlan, source: str) -> dict[str, Any] | None:
+    """The arguments the plan (else its profile) gives model ``source``; None when it names another."""
+    raw = loaded.document.meta.get("model")
+    if raw is None and loaded.profile is not None:
+        raw = loaded.profile.extra.get("model_spec")
+    if isinstance(raw, dict) and raw.get("source") == source:
+        try:
+            return ModelSpec.from_json(raw, "the plan's model", trust=True).args
+        except ModelSpecError as exc:
+            raise PlanError(f"{loaded.path}: {exc}") from None
+    return None
+
+
+def user_model(choice: ModelChoice) -> ModelSpec | None:
+    """The model the user named with ``--model`` / ``--arg`` (trusted), or None."""
+    if choice.model is None:
+        if choice.model_args:
+            raise ModelSpecError(f"--arg {choice.model_args[0]!r} needs --model: it is an argument of the "
+                                 "model you name; drop it or add --model SOURCE")  # fmt: skip
+        return None
+    args = dict(parse_arg(a) for a in choice.model_args)
+    return ModelSpec.from_json({"source": choice.model, "args": args}, "--model", trust=True)
+
+
+def resolve_plan(path: str | os.PathLike[str], choice: ModelChoice, *, require_profile: bool = False) -> LoadedPlan:
+    """Load the plan file with its profile and model under the trust rule of the module docstring.
+
+    ``--model`` replaces the file's model; given without ``--arg`` and naming
+    the model the file names, the file's arguments are kept. Nothing is
+    imported or built here: :func:`umsearch.measure.models.build_model`
+    refuses an untrusted spec, and :func:`require_trusted` says so earlier.
+    """
+    override = user_model(choice)
+    loaded = load_plan_file(path, profile=choice.profile, model=override,
+                            trust_model_code=choice.trust_model_code, require_profile=require_profile)  # fmt: skip
+    if override is not None and not choice.model_args:
+        args = _file_args(loaded, override.source)
+        if args:
+            loaded = dataclasses.replace(loaded, model=dataclasses.replace(override, args=args))
+    return loaded
+
+
+def require_trusted(loaded: LoadedPlan) -> ModelSpec:
+    """The plan's model spec; raises ModelSpecError (naming both ways out) unless umsearch may build it."""
+    spec = loaded.require_model()
+    if not spec.trusted:
+        raise ModelSpecError(
+            f"{loaded.path} names the model {spec.source!r}, which is not a zoo model: building it would import "
+            f"and run that module's code; name it yourself (--model {spec.source}) or pass --trust-model-code "
+            "if you trust the file"
+        )
+    return spec
+
+
+def _build(spec: ModelSpec, seed: int) -> ModelLike:
+    from umsearch.measure.models import build_model
+
+    try:
+        return build_model(spec, seed=seed)
+    except ModelSpecError:
+        raise
+    except ProfilingError as exc:
+        # The builder's errors speak of profiling; here the model comes from the plan or --model.
+        raise PlanError(f"cannot build the model {spec.source!r}: {exc}; fix the plan's 'model' entry "
+                        "(or its profile's 'model_spec', or --model/--arg)") from None  # fmt: skip
+    except Exception as exc:
+        # The model's own code failed: one line here, its traceback under UMSEARCH_DEBUG=1.
+        raise PlanError(f"building the model {spec.source!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def spec_factory(spec: ModelSpec, seed: int = 0) -> ModelFactory:
+    """A picklable factory building ``spec`` with weights fixed by ``seed`` (refuses an untrusted spec
+    when called, not when made)."""
+    return functools.partial(_build, spec, seed)
+
+
+def stage_module(model: ModelLike, lo: int, hi: int) -> torch.nn.Sequential:
+    """Layers ``[lo, hi)`` as one module; parameter names keep the global layer index."""
+    return torch.nn.Sequential(OrderedDict((str(i), model.layers[i]) for i in range(lo, hi)))
