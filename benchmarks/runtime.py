@@ -3,17 +3,20 @@
 ``python -m benchmarks.runtime`` does, for each model of :data:`MODELS`:
 
 1. profile it here (``umsearch profile``, one thread, as each rank runs), or
-   take ``--profile-dir``'s profiles;
-2. search 2 ranks x :data:`BATCH` (stages per rank 1-2, I/W split allowed);
-   the search also gives every peer schedule of MODEL.md 6.2 at its best
-   microbatch count and partition, and the local greedy plan;
+   take ``--profile-dir``'s profiles, and calibrate the runtime's own costs
+   (:func:`umsearch.measure.calibration.calibrate`);
+2. search 2 ranks x :data:`BATCH` (stages per rank 1-2, I/W split allowed)
+   on the calibrated profile; the search also gives every peer schedule of
+   MODEL.md 6.2 at its best microbatch count and partition, and the local
+   greedy plan; the calibration's probe plans join them (2 to 16 microbatches);
 3. run all of them with umsearch's runtime in one set of processes,
    :data:`ROUNDS` rounds, the order rotated every round
    (:func:`umsearch.runtime.fidelity.measure_contenders`).
 
 It writes ``results/bench/runtime.json``: per model and plan the predicted
-and measured iteration time (median, 95% bootstrap interval, quartiles,
-drift), the fidelity (MAPE), and per peer the paired per-round ratio
+(calibrated and bare) and measured iteration time (median, 95% bootstrap
+interval, quartiles, drift), the fidelity (MAPE both ways, Kendall tau,
+per-rank busy error), and per peer the paired per-round ratio
 peer / searched with its 95% interval: above 1 means the searched plan won.
 Every peer runs here on umsearch's runtime, with torch's own action order;
 torch's ``PipelineSchedule`` classes themselves are not run.
@@ -22,6 +25,7 @@ torch's ``PipelineSchedule`` classes themselves are not run.
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stats import environment, ratio, summary
+from benchmarks.stats import environment, kendall_tau, ratio, summary
 from umsearch.core.cost import CostModel
 from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.jsonio import write_json
@@ -60,7 +64,9 @@ def measure_profile(spec: dict[str, Any], path: Path, repeats: int = 15) -> Prof
 
 
 def contenders(profile: Profile, budget_s: float) -> list[tuple[str, Plan]]:
-    """The searched plan first, then every feasible baseline of the same search (peers, local greedy)."""
+    """The searched plan first, then every feasible baseline of the same search (peers, local greedy),
+    then the calibration's probe plans (2 to 16 microbatches) for a wider fidelity set."""
+    from umsearch.measure.calibration import probe_plans
     from umsearch.search.driver import run_search
     from umsearch.search.space import build_space
 
@@ -69,17 +75,29 @@ def contenders(profile: Profile, budget_s: float) -> list[tuple[str, Plan]]:
     result = run_search(space, profile)
     out = [("umsearch", result.best.plan)]
     out += [(name, b.plan) for name, b in result.baselines.items() if b is not None]
+    out += [(f"probe {name}", plan) for name, plan in probe_plans(profile, 2, BATCH)]
     return out
 
 
 def model_report(name: str, spec: dict[str, Any], profile: Profile, rounds: int, budget_s: float) -> dict[str, Any]:
-    """Measure one model's contenders; its section of the JSON."""
+    """Calibrate, search, measure one model's contenders; its section of the JSON.
+
+    The prediction is reported twice: with the calibrated runtime costs (what
+    the search used) and without them (the bare profile).
+    """
+    import dataclasses
+
+    from umsearch.core.profile import RuntimeCosts
+    from umsearch.measure.calibration import calibrate
     from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.fidelity import Contender, measure_contenders
+    from umsearch.sim.reference import simulate
 
-    cost = CostModel(profile)
     factory = spec_factory(ModelSpec.from_json(spec), SEED)
+    profile, calibration = calibrate(profile, factory, rounds=7, batch=BATCH)
+    cost = CostModel(profile)
+    bare = CostModel(dataclasses.replace(profile, runtime=RuntimeCosts()))
     plans = contenders(profile, budget_s)
     cfg = RunConfig(warmup_steps=2, seed=SEED, launch=LaunchConfig(threads=1, timeout_s=600))
     report = measure_contenders([Contender(name=n, plan=p, cost=cost, factory=factory) for n, p in plans], cfg,
@@ -87,14 +105,29 @@ def model_report(name: str, spec: dict[str, Any], profile: Profile, rounds: int,
     ours = report.rows[0]
     rows = []
     for r in report.rows:
-        row = {**r.to_json(), "measured": summary(list(r.measured_all_ms))}
+        row = {**r.to_json(), "measured": summary(list(r.measured_all_ms)),
+               "predicted_bare_ms": simulate(r.plan, bare).iteration_ms}  # fmt: skip
         if r is not ours:
-            row["ratio_over_umsearch"] = {k: v for k, v in ratio(list(r.measured_all_ms),
-                                                                 list(ours.measured_all_ms)).items() if k != "rounds"}  # fmt: skip
+            paired = ratio(list(r.measured_all_ms), list(ours.measured_all_ms))
+            row["ratio_over_umsearch"] = {k: v for k, v in paired.items() if k != "rounds"}
             row["predicted_ratio_over_umsearch"] = r.predicted_ms / ours.predicted_ms
         rows.append(row)
-    return {"model": spec, "global_batch": BATCH, "ranks": 2, "rounds": rounds, "mape_percent": report.mape_percent,
-            "drift": report.drift, "plans": rows, "profile": profile.to_json()}  # fmt: skip
+    peers = [row for row in rows[1:] if not row["name"].startswith("probe") and row["name"] != "local greedy"]
+    best_peer = min(peers, key=lambda row: row["measured_median_ms"]) if peers else None
+    measured = [r.measured_ms for r in report.rows]
+    busy = [abs(e) for r in report.rows for e in r.busy_error if e is not None]
+    return {
+        "model": spec, "global_batch": BATCH, "ranks": 2, "rounds": rounds, "drift": report.drift,
+        "mape_percent": report.mape_percent,
+        "mape_percent_bare": 100.0 * statistics.fmean(abs(row["predicted_bare_ms"] / row["measured_median_ms"] - 1)
+                                                      for row in rows),
+        "kendall_tau": kendall_tau([r.predicted_ms for r in report.rows], measured),
+        "busy_mape_percent": 100.0 * statistics.fmean(busy) if busy else None,
+        "best_peer_measured": None if best_peer is None else {
+            "name": best_peer["name"], "ratio_over_umsearch": best_peer["ratio_over_umsearch"],
+            "predicted_ratio_over_umsearch": best_peer["predicted_ratio_over_umsearch"]},
+        "calibration": calibration, "plans": rows, "profile": profile.to_json(),
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
                 profile = measure_profile(spec, Path(tmp) / "profile.json")
         sec = model_report(name, spec, profile, a.rounds, a.budget)
         doc["models"][name] = sec
-        print(f"{name}: MAPE {sec['mape_percent']:.1f}%, drift {sec['drift']:+.1%}", file=sys.stderr)
+        print(f"{name}: MAPE {sec['mape_percent']:.1f}% calibrated, {sec['mape_percent_bare']:.1f}% bare; tau "
+              f"{sec['kendall_tau']:.2f}; drift {sec['drift']:+.1%}", file=sys.stderr)  # fmt: skip
         for row in sec["plans"]:
             r = row.get("ratio_over_umsearch")
             vs = "" if r is None else f"  peer/umsearch {r['median']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"

@@ -69,3 +69,24 @@ def ratio(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
 def drift(first: Sequence[float], last: Sequence[float]) -> float:
     """Relative change of the median between two samples of the same thing (the machine's drift)."""
     return statistics.median(last) / statistics.median(first) - 1
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
+    """Kendall's tau-b between two paired samples (ties counted as neither concordant nor discordant)."""
+    conc = disc = ties_a = ties_b = 0
+    n = len(a)
+    for i in range(n):
+        for j in range(i + 1, n):
+            da, db = a[i] - a[j], b[i] - b[j]
+            if da == 0 and db == 0:
+                continue
+            if da == 0:
+                ties_a += 1
+            elif db == 0:
+                ties_b += 1
+            elif (da > 0) == (db > 0):
+                conc += 1
+            else:
+                disc += 1
+    denom = ((conc + disc + ties_a) * (conc + disc + ties_b)) ** 0.5
+    return (conc - disc) / denom if denom > 0 else 0.0

@@ -5,7 +5,8 @@
 #   scripts/profile_zoo.sh mlp          # only the named zoo models
 #
 # Each is measured on this machine's CPU with one thread, the default zoo
-# arguments, sizes 1..32, 3 timed repeats (median) and the link measured by a
+# arguments, sizes 1..32, 15 interleaved rounds (median, monotone fit, pooled
+# identical layers), the runtime's own costs calibrated, and the link measured by a
 # real two-process gloo ping-pong. Timings depend on the machine and on its
 # load: profile on an otherwise idle machine, and re-run the search and the
 # benches (make bench) after regenerating, since their results are tied to
@@ -26,6 +27,6 @@ for model in "${models[@]}"; do
     esac
     out="search_spaces/profiles/${model}_cpu.json"
     start=$SECONDS
-    "$UMSEARCH" profile "$model" --sizes 1,2,4,8,16,32 --threads 1 --repeats 3 --out "$out"
+    "$UMSEARCH" profile "$model" --sizes 1,2,4,8,16,32 --threads 1 --repeats 15 --calibrate --out "$out"
     echo "$model: $((SECONDS - start)) s -> $out"
 done

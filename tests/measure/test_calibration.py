@@ -63,3 +63,26 @@ def test_calibrating_a_zoo_model_runs_and_fits(tmp_path) -> None:  # type: ignor
     assert rt.op_overhead_ms >= 0 and rt.message_overhead_ms >= 0 and rt.calibration is not None
     assert dataclasses.replace(calibrated, runtime=prof.runtime) == prof
     assert len(report["probe_rows"]) == 5 and report["actions"] > 50
+
+
+@pytest.mark.slow
+def test_profile_calibrate_and_calibrate_from_the_command_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    from umsearch.core.profile import load_profile
+
+    def umsearch(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "umsearch", *args], capture_output=True, text=True, timeout=600,
+                              check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    path = tmp_path / "p.json"
+    out = umsearch("profile", "mlp", "--arg", "layers=4", "--arg", "width=32", "--sizes", "1,2,4,8,16", "--repeats",
+                   "3", "--calibrate", "--out", str(path))  # fmt: skip
+    assert "op overhead" in out and load_profile(path).runtime.calibration is not None
+    report = json.loads(umsearch("calibrate", str(path), "--rounds", "2", "--out", str(tmp_path / "c.json"), "--json"))
+    assert report["op_overhead_ms"] >= 0 and len(report["probe_rows"]) == 5
+    assert load_profile(tmp_path / "c.json").runtime.op_overhead_ms == report["op_overhead_ms"]

@@ -80,11 +80,20 @@ def _figure_bytes(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _style(stage: int, kind: str) -> dict[str, Any]:
-    """Box style: the stage's hue; backward parts lighter, I hatched, W paler still and cross-hatched."""
+def _stage_color(stage: int, stages: int) -> tuple[float, float, float]:
+    """A distinct hue per stage: the ten base colours, else hues spread over a continuous colormap
+    (tab20's light halves would read as the lighter shades of backward actions)."""
+    from matplotlib import colormaps
     from matplotlib.colors import to_rgb
 
-    base = to_rgb(_STAGE_COLORS[stage % len(_STAGE_COLORS)])
+    if stages <= len(_STAGE_COLORS):
+        return to_rgb(_STAGE_COLORS[stage])
+    return to_rgb(colormaps["turbo"](0.05 + 0.9 * stage / (stages - 1)))
+
+
+def _style(stage: int, kind: str, stages: int) -> dict[str, Any]:
+    """Box style: the stage's hue; backward parts lighter, I hatched, W paler still and cross-hatched."""
+    base = _stage_color(stage, stages)
     lighten = {"F": 0.0, "B": 0.35, "I": 0.35, "W": 0.6}.get(kind, 0.0)
     color = tuple(c + (1 - c) * lighten for c in base)
     return {"facecolors": color, "hatch": {"I": "///", "W": "xx"}.get(kind), "edgecolors": "white", "linewidth": 0.5}
@@ -103,10 +112,11 @@ def write_gantt(
 
     end = max((a.end_ms for a in records), default=1.0)
     per_rank = len(records) / max(ranks, 1)
+    stages = max((a.stage for a in records), default=0) + 1
     fig, ax = plt.subplots(figsize=(min(22.0, 6 + 0.12 * per_rank), 0.6 * ranks + 1.8))
     for a in records:
         width = a.end_ms - a.start_ms
-        ax.broken_barh([(a.start_ms, width)], (a.rank - 0.4, 0.8), **_style(a.stage, a.kind))
+        ax.broken_barh([(a.start_ms, width)], (a.rank - 0.4, 0.8), **_style(a.stage, a.kind, stages))
         if width > end / 60:
             ax.text(a.start_ms + width / 2, a.rank, f"{a.stage}{a.kind}{a.mb}", ha="center", va="center",
                     fontsize=6, color="black" if a.kind != "F" else "white")  # fmt: skip
@@ -115,13 +125,13 @@ def write_gantt(
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("time (ms)")
     ax.set_title(title or f"pipeline timeline: {end:.2f} ms")
-    stages = sorted({a.stage for a in records})
 
     def patch(stage: int, kind: str, label: str) -> Patch:
-        style = _style(stage, kind)
+        style = _style(stage, kind, stages)
         return Patch(facecolor=style["facecolors"], hatch=style["hatch"], edgecolor="white", label=label)
 
-    handles = [patch(s, "F", f"stage {s}") for s in stages[:10]]
+    shown = range(stages) if stages <= 16 else sorted({0, stages // 4, stages // 2, 3 * stages // 4, stages - 1})
+    handles = [patch(s, "F", f"stage {s}") for s in shown]
     handles += [patch(0, kind, f"{kind}: {_KIND_NAMES[kind]}") for kind in ("F", "B", "I", "W")
                 if any(a.kind == kind for a in records)]  # fmt: skip
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)

@@ -204,11 +204,14 @@ def _measure(model: str, spec: ModelSpec, config: ProfileConfig, link: Link) -> 
 @click.option("--link-bandwidth-gbps", type=float, default=None, help="State the link bandwidth (GB/s) instead of measuring it.")
 @click.option("--check", "check", type=click.Path(dir_okay=False), default=None,
               help="Re-measure a sample of this stored profile's layers and sizes and report the drift.")  # fmt: skip
+@click.option("--calibrate", "calibrate_too", is_flag=True,
+              help="Then fit the runtime's per-action and per-message costs (as umsearch calibrate does).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Output file (default MODEL_profile.json; with --check, where to write the drift report).")  # fmt: skip
 def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None, device: str | None,
                     repeats: int | None, threads: int | None, no_pool: bool, link_latency_ms: float | None,
-                    link_bandwidth_gbps: float | None, check: str | None, out: str | None) -> None:  # fmt: skip
+                    link_bandwidth_gbps: float | None, check: str | None, calibrate_too: bool,
+                    out: str | None) -> None:  # fmt: skip
     """Measure MODEL (zoo name or package.module:function) layer by layer.
 
     With --check PROFILE, re-measure part of a stored profile instead (MODEL defaults to the one
@@ -232,10 +235,17 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
     link = _link(link_latency_ms, link_bandwidth_gbps, dev.type)
     config = ProfileConfig(sizes=size_list, device=dev, repeats=repeats or DEFAULT_REPEATS, pool=not no_pool)
     prof = _measure(model, spec, config, link)
-    # Runtime overhead calibration (MODEL.md section 7, a future --calibrate) belongs here: it fits
-    # prof.runtime from short runs of the real runtime and returns the profile with it filled in.
     console.print(profile_table(prof, model))
     print_quality(prof)
+    if calibrate_too:
+        from umsearch.measure.calibration import calibrate
+        from umsearch.runtime.factory import spec_factory
+
+        console.print("calibrating the runtime's own costs (a few probe plans on 2 ranks)...")
+        prof, report = calibrate(prof, spec_factory(spec, 0), threads=threads or 1)
+        console.print(f"op overhead {report['op_overhead_ms']:.4f} ms, message overhead "
+                      f"{report['message_overhead_ms']:.4f} ms; probe error {report['mape_percent_bare']:.1f}% "
+                      f"-> {report['mape_percent']:.1f}%")  # fmt: skip
     path = Path(out or f"{model.replace(':', '_').replace('.', '_')}_profile.json")
     save_profile(prof, path)
     console.print(f"wrote {escape(str(path))}")

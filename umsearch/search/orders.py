@@ -37,7 +37,12 @@ from numba import get_num_threads, njit, prange
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
 from umsearch.sim.batch import ArrayPlan
-from umsearch.sim.kernels import compute_ms, memory_delta, ready_at, spans, transfer_ms
+from umsearch.sim.kernels import (
+    finish,
+    memory_step,
+    ready_at,
+    spans,
+)
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -398,32 +403,18 @@ def _generate_one(  # type: ignore[no-untyped-def]
             if cross:
                 needs = dep_hi[slot] - dep_lo[slot] + 1
         l_lo, l_hi = lo[gg], hi[gg]
-        dur = compute_ms(kind, size, l_lo, l_hi, recompute[gg], times)
-        to = -1
-        if kind == 0 and g < S - 1:
-            to = gg + 1
-        elif (kind == 1 or kind == 2) and g > 0:
-            to = gg - 1
-        sends = 1 if to >= 0 and rank[to] != rank[gg] else 0
-        dur += op_oh + msg_oh * (sends + needs)
-        end = start + dur
+        end, to, arrival = finish(kind, g, gg, S, r, start, size, l_lo, l_hi, recompute[gg], needs, rank, link,
+                                  times, out_bytes, latency, ms_per_byte, op_oh, msg_oh)  # fmt: skip
         if to >= 0:
-            arrival = end
-            if sends:
-                dst = rank[to]
-                edge = l_hi - 1 if kind == 0 else l_lo - 1
-                arrival = max(end, link[r, dst]) + transfer_ms(size, edge, out_bytes, latency, ms_per_byte)
-                link[r, dst] = arrival
             deliv[slot] = arrival
             dst = rank[to]
             if rint[2, dst]:  # wake a waiting consumer, no earlier than its own last end
                 rflt[0, dst] = min(rflt[0, dst], max(arrival, rflt[1, dst]))
-        inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
-        add, rel = memory_delta(kind, recompute[gg], (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp)
+        add, rel = memory_step(kind, recompute[gg], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
         rflt[2, r] += add
         mem[r0 + r] = max(mem[r0 + r], rflt[2, r])
         rflt[2, r] -= rel
-        busy[r0 + r] += dur
+        busy[r0 + r] += end - start
         rflt[0, r] = rflt[1, r] = end
         rint[2, r] = 0
         act[act_ptr[r0 + r] + rint[0, r]] = (k << 12) | (g << 2) | kind

@@ -31,7 +31,12 @@ from numba import get_num_threads, njit, prange
 from umsearch.core.actions import KIND_CODE, KINDS, Action
 from umsearch.core.cost import CostTables
 from umsearch.core.plan import Plan, Stage
-from umsearch.sim.kernels import compute_ms, memory_delta, ready_at, spans, transfer_ms
+from umsearch.sim.kernels import (
+    finish,
+    memory_step,
+    ready_at,
+    spans,
+)
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -328,23 +333,9 @@ def _one(  # type: ignore[no-untyped-def]
                 start = max(start, d)
                 if cross:
                     needs = dep_hi[slot] - dep_lo[slot] + 1
-            dur = compute_ms(kind, size, l_lo, l_hi, recompute[g], times)
-            # Where the output goes: forward to stage j+1, B/I gradient to stage j-1.
-            to = -1
-            if kind == 0 and j < S - 1:
-                to = g + 1
-            elif (kind == 1 or kind == 2) and j > 0:
-                to = g - 1
-            sends = 1 if to >= 0 and rank[to] != rank[g] else 0
-            dur += op_oh + msg_oh * (sends + needs)
-            end = start + dur
+            end, to, arrival = finish(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], needs, rank, link,
+                                      times, out_bytes, latency, ms_per_byte, op_oh, msg_oh)  # fmt: skip
             if to >= 0:
-                arrival = end
-                if sends:
-                    dst = rank[to]
-                    edge = l_hi - 1 if kind == 0 else l_lo - 1
-                    arrival = max(end, link[r, dst]) + transfer_ms(size, edge, out_bytes, latency, ms_per_byte)
-                    link[r, dst] = arrival
                 deliv[slot] = arrival
                 w = waiter[slot]
                 if w >= 0:
@@ -352,12 +343,11 @@ def _one(  # type: ignore[no-untyped-def]
                     stack[top_of_stack] = w
                     top_of_stack += 1
             # Memory (MODEL.md 5): additions, the peak, then releases.
-            inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
-            add, rel = memory_delta(kind, recompute[g], (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp)
+            add, rel = memory_step(kind, recompute[g], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
             level[r] += add
             mem[r0 + r] = max(mem[r0 + r], level[r])
             level[r] -= rel
-            busy[r0 + r] += dur
+            busy[r0 + r] += end - start
             clock[r] = end
             pos[r] += 1
             remaining -= 1

@@ -82,3 +82,35 @@ def ready_at(deliveries, base, first, last):  # type: ignore[no-untyped-def]
             return -1.0
         t = max(t, d)
     return t
+
+
+@njit(cache=True)
+def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, needs, rank, link, times, out_bytes, latency,  # type: ignore[no-untyped-def]
+           ms_per_byte, op_oh, msg_oh):  # fmt: skip
+    """MODEL.md section 4 for one action of stage ``j`` (global index ``g``) on rank ``r`` starting at
+    ``start``, charged ``needs`` received messages: ``(end, to, arrival)``, ``to`` the stage its
+    output goes to (-1: none) and ``arrival`` when it is there; a cross-rank message takes the link
+    ``link[r, rank[to]]`` after its previous message (updated here)."""
+    dur = compute_ms(kind, size, l_lo, l_hi, rec, times)
+    to = -1
+    if kind == 0 and j < S - 1:  # a forward feeds stage j+1, a B or I gradient stage j-1
+        to = g + 1
+    elif (kind == 1 or kind == 2) and j > 0:
+        to = g - 1
+    sends = 1 if to >= 0 and rank[to] != rank[g] else 0
+    end = start + dur + op_oh + msg_oh * (sends + needs)
+    arrival = end
+    if sends:
+        dst = rank[to]
+        edge = l_hi - 1 if kind == 0 else l_lo - 1
+        arrival = max(end, link[r, dst]) + transfer_ms(size, edge, out_bytes, latency, ms_per_byte)
+        link[r, dst] = arrival
+    return end, to, arrival
+
+
+@njit(cache=True)
+def memory_step(kind, rec, size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix):  # type: ignore[no-untyped-def]
+    """MODEL.md section 5: what one action of ``size`` samples on layers ``[l_lo, l_hi)`` adds to its
+    rank's activation level before the peak, and releases after it."""
+    inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
+    return memory_delta(kind, rec, (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp)
