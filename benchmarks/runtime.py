@@ -79,7 +79,33 @@ def contenders(profile: Profile, budget_s: float) -> list[tuple[str, Plan]]:
     return out
 
 
-def model_report(name: str, spec: dict[str, Any], profile: Profile, rounds: int, budget_s: float) -> dict[str, Any]:
+def torch_comparison(factory: Any, plans: list[tuple[str, Plan]], rounds: int) -> dict[str, Any]:
+    """torch's own runtime on every peer's best plan, umsearch's runtime on the same plans and on the
+    searched one (first in ``plans``), side by side (:mod:`benchmarks.torch_peers`); wall time from a
+    barrier to the end of the optimizer step, slowest rank."""
+    from benchmarks.torch_peers import measure
+    from umsearch.core.schedules import PEER_SCHEDULES
+
+    peers = [(n, p) for n, p in plans[1:] if n in PEER_SCHEDULES]
+    jobs: list[Any] = [("umsearch", plans[0][1].to_json(), None)]
+    for n, p in peers:
+        jobs += [("torch", p.to_json(), n), ("umsearch", p.to_json(), None)]
+    times = measure(factory, jobs, ranks=2, rounds=rounds)
+    ours = times[0]
+    rows = {}
+    for k, (n, _) in enumerate(peers):
+        torch_ms, same_ms = times[1 + 2 * k], times[2 + 2 * k]
+        rows[n] = {"torch_runtime": summary(torch_ms), "umsearch_runtime_same_plan": summary(same_ms),
+                   "torch_over_searched": {k2: v for k2, v in ratio(torch_ms, ours).items() if k2 != "rounds"},
+                   "torch_over_umsearch_same_plan": {k2: v for k2, v in ratio(torch_ms, same_ms).items()
+                                                     if k2 != "rounds"}}  # fmt: skip
+    best = min(rows, key=lambda n: rows[n]["torch_runtime"]["median"]) if rows else None
+    return {"timing": "wall ms from a barrier to the end of the optimizer step, slowest rank; rounds rotated",
+            "rounds": rounds, "searched_umsearch_runtime": summary(ours), "peers": rows, "best_torch_peer": best}  # fmt: skip
+
+
+def model_report(name: str, spec: dict[str, Any], profile: Profile, rounds: int, budget_s: float,
+                 torch_rounds: int = 20) -> dict[str, Any]:  # fmt: skip
     """Calibrate, search, measure one model's contenders; its section of the JSON.
 
     The prediction is reported twice: with the calibrated runtime costs (what
@@ -126,6 +152,7 @@ def model_report(name: str, spec: dict[str, Any], profile: Profile, rounds: int,
         "best_peer_measured": None if best_peer is None else {
             "name": best_peer["name"], "ratio_over_umsearch": best_peer["ratio_over_umsearch"],
             "predicted_ratio_over_umsearch": best_peer["predicted_ratio_over_umsearch"]},
+        "torch_runtime": torch_comparison(factory, plans, torch_rounds) if torch_rounds > 0 else None,
         "calibration": calibration, "plans": rows, "profile": profile.to_json(),
     }  # fmt: skip
 
@@ -135,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="results/bench", help="output folder")
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="measured rounds per plan")
     ap.add_argument("--budget", type=float, default=20.0, help="search time budget per model (s)")
+    ap.add_argument("--torch-rounds", type=int, default=20, help="rounds of the torch-runtime comparison (0: skip)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated names from MODELS")
     ap.add_argument("--profile-dir", default=None, help="take NAME.json profiles from here instead of measuring")
     a = ap.parse_args(argv)
@@ -150,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             with tempfile.TemporaryDirectory(prefix="umsearch-bench-") as tmp:
                 profile = measure_profile(spec, Path(tmp) / "profile.json")
-        sec = model_report(name, spec, profile, a.rounds, a.budget)
+        sec = model_report(name, spec, profile, a.rounds, a.budget, a.torch_rounds)
         doc["models"][name] = sec
         print(f"{name}: MAPE {sec['mape_percent']:.1f}% calibrated, {sec['mape_percent_bare']:.1f}% bare; tau "
               f"{sec['kendall_tau']:.2f}; drift {sec['drift']:+.1%}", file=sys.stderr)  # fmt: skip
@@ -159,6 +187,10 @@ def main(argv: list[str] | None = None) -> None:
             vs = "" if r is None else f"  peer/umsearch {r['median']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
             print(f"  {row['name']:24s} predicted {row['predicted_ms']:8.2f} ms  measured "
                   f"{row['measured_median_ms']:8.2f} ms  {row['error']:+.1%}{vs}", file=sys.stderr)  # fmt: skip
+        for peer, row in (sec["torch_runtime"] or {}).get("peers", {}).items():
+            r = row["torch_over_searched"]
+            print(f"  torch {peer:18s} {row['torch_runtime']['median']:8.2f} ms; torch/searched {r['median']:.3f} "
+                  f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]", file=sys.stderr)  # fmt: skip
     doc["wall_s"] = time.time() - t0
     write_json(Path(a.out) / "runtime.json", doc)
     print(f"wrote {a.out}/runtime.json in {doc['wall_s']:.0f} s", file=sys.stderr)

@@ -46,3 +46,24 @@ def test_the_library_example_runs() -> None:
                           check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert " ms; peers:" in done.stdout and "busy per rank:" in done.stdout
+
+
+def exec_on_rank(rank: int, world: int, code: str) -> float | None:
+    """Launch target: run a README block in this rank; the last stats' loss where the rank has one."""
+    scope: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own example
+    return scope["stats"].loss  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_the_executor_example_runs_on_two_ranks(tmp_path: Path) -> None:
+    from tests.runtime.helpers import peer_plan
+    from umsearch.core.plan import save_plan
+    from umsearch.runtime.config import LaunchConfig
+    from umsearch.runtime.launch import launch
+
+    plan = peer_plan("ZBVZeroBubble", 2, 2, 4, batch=8, layers=5)  # mlp: 4 Linear+Tanh layers and a classifier
+    path = save_plan(plan, tmp_path / "plan.json", model={"source": "mlp", "args": {"layers": 4, "width": 32}})
+    code = _blocks("python")[1].replace("runs/gpt2r/plan.json", str(path))
+    losses = launch(exec_on_rank, 2, (code,), LaunchConfig(threads=1, timeout_s=120))
+    assert losses[0] is not None and losses[0] > 0  # ZBV: rank 0 holds the last stage

@@ -195,6 +195,16 @@ def test_search_then_export_takes_the_best_equal_baseline(files: Path, capsys: p
                           "--out", str(files / "tt"), "--json")  # fmt: skip
     assert code == 0, err
     assert (files / "tt" / "torchtitan.toml").exists()
+    # Every baseline is a plan file of its own: compare them with the plan, side by side.
+    peers = sorted((files / "res" / "baselines").glob("*.json"))
+    assert {p.stem for p in peers} >= {"GPipe", "1F1B", "ZBVZeroBubble"}
+    code, out, err = _run(capsys, "compare", str(files / "res" / "plan.json"), *map(str, peers), "--json",
+                          "--gantt", str(files / "cmp.png"))  # fmt: skip
+    assert code == 0, err
+    rows = json.loads(out)["plans"]
+    assert len(rows) == 1 + len(peers) and rows[0]["speedup_over_first"] == 1.0
+    assert all(r["speedup_over_first"] <= 1.0 + 1e-9 for r in rows)  # the plan is never slower than a baseline
+    assert (files / "cmp.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("width", [80, 160])

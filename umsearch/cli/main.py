@@ -29,6 +29,7 @@ _LAZY_COMMANDS = {
     "validate": "umsearch.cli.run:validate_command",
     "export": "umsearch.cli.export:export_command",
     "calibrate": "umsearch.cli.calibrate:calibrate_command",
+    "compare": "umsearch.cli.compare:compare_command",
 }
 
 

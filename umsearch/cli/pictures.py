@@ -99,21 +99,13 @@ def _style(stage: int, kind: str, stages: int) -> dict[str, Any]:
     return {"facecolors": color, "hatch": {"I": "///", "W": "xx"}.get(kind), "edgecolors": "white", "linewidth": 0.5}
 
 
-def write_gantt(
-    records: Sequence[RecordLike], ranks: int, path: str | os.PathLike[str], *, title: str = ""
-) -> Path:
-    """One row per rank; a colour per stage, forward dark, backward light, I hatched, W cross-hatched;
-    each wide enough box is labelled with its action (``2F0``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _draw_gantt(ax: Any, records: Sequence[RecordLike], ranks: int, title: str, end: float | None = None) -> None:
+    """One row per rank on ``ax``; a colour per stage, forward dark, backward light, I hatched, W
+    cross-hatched; each wide enough box is labelled with its action (``2F0``)."""
     from matplotlib.patches import Patch
 
-    end = max((a.end_ms for a in records), default=1.0)
-    per_rank = len(records) / max(ranks, 1)
+    end = end or max((a.end_ms for a in records), default=1.0)
     stages = max((a.stage for a in records), default=0) + 1
-    fig, ax = plt.subplots(figsize=(min(22.0, 6 + 0.12 * per_rank), 0.6 * ranks + 1.8))
     for a in records:
         width = a.end_ms - a.start_ms
         ax.broken_barh([(a.start_ms, width)], (a.rank - 0.4, 0.8), **_style(a.stage, a.kind, stages))
@@ -121,10 +113,9 @@ def write_gantt(
             ax.text(a.start_ms + width / 2, a.rank, f"{a.stage}{a.kind}{a.mb}", ha="center", va="center",
                     fontsize=6, color="black" if a.kind != "F" else "white")  # fmt: skip
     ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
-    ax.invert_yaxis()
+    ax.set_ylim(ranks - 0.5, -0.5)
     ax.set_xlim(0, end * 1.01)
-    ax.set_xlabel("time (ms)")
-    ax.set_title(title or f"pipeline timeline: {end:.2f} ms")
+    ax.set_title(title, fontsize=10)
 
     def patch(stage: int, kind: str, label: str) -> Patch:
         style = _style(stage, kind, stages)
@@ -136,6 +127,42 @@ def write_gantt(
                 if any(a.kind == kind for a in records)]  # fmt: skip
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     ax.grid(axis="x", alpha=0.3)
+
+
+def write_gantt(
+    records: Sequence[RecordLike], ranks: int, path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
+    """The timeline of one plan as a PNG (see :func:`_draw_gantt`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end = max((a.end_ms for a in records), default=1.0)
+    per_rank = len(records) / max(ranks, 1)
+    fig, ax = plt.subplots(figsize=(min(22.0, 6 + 0.12 * per_rank), 0.6 * ranks + 1.8))
+    _draw_gantt(ax, records, ranks, title or f"pipeline timeline: {end:.2f} ms")
+    ax.set_xlabel("time (ms)")
+    data = _figure_bytes(fig)
+    plt.close(fig)
+    return write_bytes_atomic(path, data)
+
+
+def write_gantts(timelines: Sequence[tuple[str, Sequence[RecordLike], int]], path: str | os.PathLike[str]) -> Path:
+    """Several plans' timelines, one panel each on a shared time axis: ``(title, records, ranks)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end = max((a.end_ms for _, recs, _ in timelines for a in recs), default=1.0)
+    heights = [0.5 * ranks + 0.9 for _, _, ranks in timelines]
+    per_rank = max(len(recs) / max(ranks, 1) for _, recs, ranks in timelines)
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(min(22.0, 6 + 0.12 * per_rank), sum(heights) + 0.6),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False, sharex=True)  # fmt: skip
+    for ax, (title, recs, ranks) in zip(axes[:, 0], timelines, strict=True):
+        _draw_gantt(ax, recs, ranks, title, end)
+    axes[-1, 0].set_xlabel("time (ms)")
     data = _figure_bytes(fig)
     plt.close(fig)
     return write_bytes_atomic(path, data)
@@ -161,6 +188,9 @@ def write_pareto(
     if front:
         pts = sorted(front)
         ax.plot([p[0] for p in pts], [p[1] / gib for p in pts], "o-", color=_FWD_COLOR, label="umsearch Pareto front")
+        for i, (t, m) in enumerate(front):  # the index --pick takes
+            ax.annotate(f"#{i}", (t, m / gib), textcoords="offset points", xytext=(-4, -11), fontsize=7,
+                        color=_FWD_COLOR)  # fmt: skip
     markers = iter("s^vD<>Pp*")
     for name, (t, m) in baselines.items():
         ax.scatter([t], [m / gib], marker=next(markers, "x"), s=60, label=name, zorder=3)

@@ -136,6 +136,11 @@ def _write_all(result: SearchResult, space: SearchSpace, profile: Profile, folde
         "baseline_plans": {k: (document(v, space, profile, profile_path, f"baseline {k}").to_json() if v else None)
                            for k, v in result.baselines.items()},
     })  # fmt: skip
+    (folder / "baselines").mkdir()
+    for name, b in result.baselines.items():
+        if b is not None:  # each as a plan file of its own, for umsearch compare / run / export
+            save_document(document(b, space, profile, profile_path, f"baseline {name}"),
+                          folder / "baselines" / f"{name.replace(' ', '_')}.json")  # fmt: skip
     write_text_atomic(folder / "report.md", _report_md(result, space, profile, profile_path))
     front = [(s.iteration_ms, s.max_memory) for s in result.pareto]
     marks = {k: (v.iteration_ms, v.max_memory) for k, v in result.baselines.items() if v is not None}
@@ -181,4 +186,5 @@ def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, ou
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    return {name.split(".")[0] + ("_png" if name == "pareto.png" else ""): out / name for name in FILES}
+    paths = {name.split(".")[0] + ("_png" if name == "pareto.png" else ""): out / name for name in FILES}
+    return {**paths, "baseline_plans": out / "baselines"}

@@ -107,4 +107,5 @@ def _print(result: SearchResult, space: Any, profile: Any, quiet: bool, paths: d
         console.print(f"[yellow]time budget of {budget:g} s reached: the result may differ between runs; raise "
                       "[search] time_budget_s for a reproducible one[/]")  # fmt: skip
     folder = next(iter(paths.values())).parent
-    console.print(f"wrote {escape(', '.join(p.name for p in paths.values()))} into {escape(str(folder))}/")
+    names = ", ".join(p.name + ("/" if not p.suffix else "") for p in paths.values())
+    console.print(f"wrote {escape(names)} into {escape(str(folder))}/")

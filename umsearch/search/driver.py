@@ -29,7 +29,7 @@ import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
 
 from umsearch.core.cost import CostModel, CostTables
-from umsearch.core.errors import NoFeasiblePlanError
+from umsearch.core.errors import NoFeasiblePlanError, ProfileError
 from umsearch.core.plan import equal_split
 from umsearch.core.profile import Profile
 from umsearch.search.baselines import baselines, counts
@@ -196,6 +196,9 @@ class _Run:
 
 def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
     """Search ``space``; Ctrl-C stops early and still returns the best found (see the module docstring)."""
+    if not any(t > 0 for lay in profile.layers for t in (*lay.fwd_ms, *lay.bwd_ms)):
+        raise ProfileError(f"every layer of the profile ({profile.model}) takes 0 ms at every size: there is no "
+                           "time to plan; profile the model again (umsearch profile)")  # fmt: skip
     run = _Run(space, profile, on_progress)
     rules, score = run.rules, run.score
     run.report("baselines", 0, len(space.peers) + 1)
