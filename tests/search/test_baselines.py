@@ -57,7 +57,7 @@ def test_each_peer_runs_torchs_order_at_its_best_choice() -> None:
 def test_counts_respect_the_space() -> None:
     rules = Rules(num_layers=4, ranks=2, batch=20, sizes=tuple(range(3, 9)), max_count=5, stages_per_rank=(1,),
                   placements=("loop",), split=False, recompute=False)  # fmt: skip
-    assert counts(rules) == [3, 4, 5]  # 20/3 -> sizes 7 and 6 ... 20/5 = 4; 20/2 = 10 is too large
+    assert counts(rules) == [4, 5]  # 20/4 = 5, 20/5 = 4; 20/2 = 10 is too large; 3 does not divide 20
 
 
 def test_zero_bubble_needs_the_split() -> None:

@@ -106,9 +106,13 @@ def _draw_gantt(ax: Any, records: Sequence[RecordLike], ranks: int, title: str, 
 
     end = end or max((a.end_ms for a in records), default=1.0)
     stages = max((a.stage for a in records), default=0) + 1
+    boxes: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
+    for a in records:  # one collection per (rank, stage, kind): thousands of actions draw in one go
+        boxes.setdefault((a.rank, a.stage, a.kind), []).append((a.start_ms, a.end_ms - a.start_ms))
+    for (rank, stage, kind), spans in boxes.items():
+        ax.broken_barh(spans, (rank - 0.4, 0.8), **_style(stage, kind, stages))
     for a in records:
         width = a.end_ms - a.start_ms
-        ax.broken_barh([(a.start_ms, width)], (a.rank - 0.4, 0.8), **_style(a.stage, a.kind, stages))
         if width > end / 60:
             ax.text(a.start_ms + width / 2, a.rank, f"{a.stage}{a.kind}{a.mb}", ha="center", va="center",
                     fontsize=6, color="black" if a.kind != "F" else "white")  # fmt: skip

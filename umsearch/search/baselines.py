@@ -76,10 +76,16 @@ def _template(peer: PeerSchedule, rules: Rules, v: int, m: int) -> ArrayPlan:
 
 
 def counts(rules: Rules) -> list[int]:
-    """Microbatch counts whose equal split stays inside the space's sizes and count limit."""
+    """Microbatch counts that divide the batch (MODEL.md 6.2: equal microbatches) into a size inside the
+    space's sizes and count limit.
+
+    Only divisors: torch's ``PipelineStage`` sizes its buffers from the first microbatch, so a batch split
+    into sizes that differ by one fails in its loss (measured: B=16 as 6+5+5 on Interleaved1F1B), and
+    torchtitan refuses a microbatch size that does not divide the batch.
+    """
     lo, hi = rules.sizes[0], rules.largest
     return [m for m in range(1, min(rules.batch, rules.max_count) + 1)
-            if lo <= rules.batch // m and -(-rules.batch // m) <= hi]  # fmt: skip
+            if rules.batch % m == 0 and lo <= rules.batch // m <= hi]  # fmt: skip
 
 
 def shapes(peer: PeerSchedule, rules: Rules) -> list[Shape]:

@@ -219,15 +219,21 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
         run.report("first pass", 1, 1)
         if not run.over():
             _nsga2(run, _anchors(rules, run.tables, base))
-        starts = run.starts(POLISH.starts)
         rng = random.Random(space.seed)
-        for i, g in enumerate(starts):
-            if run.over():
+        for _ in range(space.polish_rounds):
+            # Another round from the (new) best of each structure, while a round still improves.
+            before = run.best_ms
+            starts = run.starts(POLISH.starts)
+            for i, g in enumerate(starts):
+                if run.over():
+                    break
+                t0, m0 = run.found[g]
+                iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), score, rules, rng, POLISH,
+                               run.deadline, lambda s: run.keep([s.genome], np.array([s.iteration_ms]),
+                                                                np.array([s.max_memory_bytes])))  # fmt: skip
+                run.report("polish", i + 1, len(starts))
+            if run.over() or not run.best_ms < before * (1 - 1e-9):
                 break
-            t0, m0 = run.found[g]
-            iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), score, rules, rng, POLISH, run.deadline,
-                           lambda s: run.keep([s.genome], np.array([s.iteration_ms]), np.array([s.max_memory_bytes])))  # fmt: skip
-            run.report("polish", i + 1, len(starts))
     except KeyboardInterrupt:
         interrupted = True
     return _result(run, base, interrupted)

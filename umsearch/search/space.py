@@ -85,6 +85,9 @@ class SearchSpace:
     """NSGA-II generations."""
     time_budget_s: float = 30.0
     """Stop the search after this many seconds, keeping the best found."""
+    polish_rounds: int = 1
+    """Rounds of the final local search; each starts again from the best of every structure, and a round
+    that finds nothing faster ends it (more rounds: steadier across seeds, slower)."""
     seed: int = 0
     """Random seed: same seed, same plan (unless the time budget stops the search)."""
 
@@ -109,7 +112,7 @@ _SECTIONS = {
     "": {"name", "profile", "ranks", "stages", "global_batch", "memory_limit", "state_factor"},
     "microbatch": {"min", "max", "multiple_of", "max_count"},
     "schedule": {"stages_per_rank", "placement", "split_backward", "recompute", "peers"},
-    "search": {"population", "generations", "time_budget_s", "seed"},
+    "search": {"population", "generations", "time_budget_s", "seed", "polish_rounds"},
 }
 _FLAT: dict[tuple[str, str], str] = {("microbatch", "min"): "min_microbatch", ("microbatch", "max"): "max_microbatch",
          ("microbatch", "multiple_of"): "multiple_of", ("microbatch", "max_count"): "max_microbatches"}  # fmt: skip
@@ -191,7 +194,8 @@ def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchS
         v["profile"] = str(base_dir / v["profile"])
     limits = {"ranks": (1, MAX_RANKS), "global_batch": (1, MAX_BATCH), "min_microbatch": (1, MAX_BATCH),
               "max_microbatch": (0, MAX_BATCH), "multiple_of": (1, MAX_BATCH), "max_microbatches": (1, 100_000),
-              "population": (4, 10_000), "generations": (1, 100_000), "seed": (0, 2**32 - 1)}  # fmt: skip
+              "population": (4, 10_000), "generations": (1, 100_000), "seed": (0, 2**32 - 1),
+              "polish_rounds": (1, 100)}  # fmt: skip
     for key, (lo, hi) in limits.items():
         if key in v:
             v[key] = _int(key, v[key], lo, hi)
