@@ -265,3 +265,14 @@ def test_a_profile_of_identical_blocks_gives_identical_estimates() -> None:
             assert all(a <= b for a, b in zip(curve, curve[1:], strict=False))
     assert prof.extra["quality"]["verdict"] in {"good", "noisy", "unjudged", "inconsistent"}
     assert prof.extra["quality"]["message"]
+
+
+def test_the_verdict_tells_a_busy_machine_from_layers_that_vary_by_themselves() -> None:
+    from umsearch.measure.quality import Thresholds, verdict
+
+    rows = [{"layer": 0, "name": "conv", "share": 1.0, "spread": {"fwd": 0.4, "bwd": 0.05}, "fit_change": 0.0}]
+    cal = {"ranges": 0, "worst_error": 0.0, "limit": 0.15, "ok": True}
+    word, busy = verdict(rows, cal, rounds=15, cpu_share=0.45, t=Thresholds())
+    assert word == "noisy" and "the machine is busy" in busy and "--repeats" in busy
+    word, own = verdict(rows, cal, rounds=15, cpu_share=1.0, t=Thresholds())
+    assert word == "noisy" and "busy" not in own and "100% of a CPU" in own and "good to about 10%" in own

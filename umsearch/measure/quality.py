@@ -113,7 +113,16 @@ def verdict(
     cal = calibration["worst_error"]
     cal_text = f"stage-sized ranges took {cal:+.0%} against the sum of their layers"
     if phrases:
-        rerun = f"rerun with --repeats {suggested_repeats(worst, rounds, t)} or on an idle machine"
+        repeats = suggested_repeats(worst, rounds, t)
+        if cpu_share is not None and cpu_share >= t.cpu_share:
+            # The profiler had the CPU: the spread is the layers' own (caches, the allocator, what ran
+            # before them), not load; it does not shrink with rounds, only the medians' error does.
+            error = 0.93 * worst / math.sqrt(max(rounds, 1))
+            also = "" if calibration["ok"] else f"; {cal_text}"
+            return "noisy", (f"{', '.join(phrases)} although the profiler had {cpu_share:.0%} of a CPU: the layers "
+                             f"vary by themselves (caches, allocator, what ran before them), not from load; each "
+                             f"median is good to about {error:.0%}, --repeats {repeats} narrows that{also}")  # fmt: skip
+        rerun = f"rerun with --repeats {repeats} or on an idle machine"
         also = "" if calibration["ok"] else f" ({cal_text}, likely the same noise)"
         return "noisy", f"{', '.join(phrases)}: the machine is busy; {rerun}{also}"
     if rounds < t.min_rounds:
