@@ -261,3 +261,16 @@ def test_the_demo_tables_fit_the_terminal(width: int, tmp_path: Path) -> None:
     rows = [line for line in lines[:end] if line.startswith("│")]
     # One line per stage (stage and rank numbers in the first cells), nothing folded onto a second line.
     assert rows and all(re.match(r"^│\s+\d+ │\s+\d+ │", line) for line in rows), rows
+
+
+def test_export_csv_to_a_file_and_unequal_plans_refused(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "export", str(files / "plan.json"), "--format", "pipelining-csv",
+                        "--out", str(files / "out" / "s.csv"))  # fmt: skip
+    assert code == 0, err
+    assert (files / "out" / "s.csv").read_text().count("\n") == 4  # one row per rank
+    (files / "u.json").write_text(json.dumps({**PLAN, "stages": _stages({}, {"forward": [1, 3], "backward": [1, 3]}),
+                                              "actions": [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1F1", "1B0", "1B1"]]}))
+    code, _, err = _run(capsys, "export", str(files / "u.json"), "--format", "pipelining-csv",
+                        "--out", str(files / "none"))  # fmt: skip
+    assert code == 1 and "only umsearch's runtime can run it" in err and err.count("\n") == 1
+    assert not (files / "none").exists()  # nothing written, not even the folder

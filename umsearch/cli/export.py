@@ -21,10 +21,21 @@ FORMATS = ("pipelining-csv", "torchtitan")
 def _csv(plan: Plan) -> str:
     from umsearch.core.export import pipelining_csv
 
+    if not plan.equal_microbatches or len(set(plan.stages[0].forward)) != 1:
+        raise PlanError("the plan has unequal microbatches; torch.distributed.pipelining splits the batch into equal "
+                        "ones, so only umsearch's runtime can run it (umsearch run PLAN)")  # fmt: skip
     try:
         return pipelining_csv(plan.actions)
     except ValueError as exc:
         raise PlanError(f"{exc}; export a plan with equal microbatches on every stage") from None
+
+
+def _make(folder: Path, flag_value: str) -> None:
+    """Create the output folder, only once there is something to write into it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlanError(f"--out {flag_value!r} cannot be created: {exc.strerror}; choose another folder") from None
 
 
 def best_equal_baseline(plan_path: Path) -> tuple[str, Plan, float] | None:
@@ -68,6 +79,7 @@ def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
     sequential = loaded.model is not None and loaded.model.is_zoo
     modules = module_names([lay.name for lay in loaded.profile.layers], sequential)
     exp = torchtitan_export(plan, modules)
+    _make(out, str(out))
     header = (f"torchtitan settings written by umsearch export from {plan_path}\n"
               "merge these sections into your train config (or pass them as --parallelism.* flags)")  # fmt: skip
     write_output(str(out / "torchtitan.toml"), "--out", lambda p: write_text_atomic(p, exp.toml(header)))
@@ -86,23 +98,24 @@ def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
               help="pipelining-csv: torch's compute-only schedule CSV; torchtitan: [parallelism] settings.")  # fmt: skip
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Folder to write into.")
+@click.option("--out", type=click.Path(), required=True,
+              help="Folder to write into (pipelining-csv: or a FILE.csv to write).")  # fmt: skip
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
               help="Profile of the plan's model (default: the one the plan names).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
 def export_command(plan_path: str, fmt: str, out: str, profile_path: str | None, as_json: bool) -> None:
     """Write PLAN.json in a form torch.distributed.pipelining or torchtitan runs."""
     loaded = load_plan_file(plan_path, profile=profile_path)
-    folder = Path(out)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PlanError(f"--out {out!r} cannot be created: {exc.strerror}; choose another folder") from None
+    target = Path(out)
+    as_file = fmt == "pipelining-csv" and target.suffix == ".csv"
+    folder = target.parent if as_file else target
     lines: list[str]
     if fmt == "pipelining-csv":
         text = _csv(loaded.plan)
-        write_output(str(folder / "schedule.csv"), "--out", lambda p: write_text_atomic(p, text))
-        lines = [str(folder / "schedule.csv"), f"load it with schedule._load_csv(path) on a _PipelineScheduleRuntime "
+        _make(folder, out)
+        csv_path = target if as_file else folder / "schedule.csv"
+        write_output(str(csv_path), "--out", lambda p: write_text_atomic(p, text))
+        lines = [str(csv_path), f"load it with schedule._load_csv(path) on a _PipelineScheduleRuntime "
                  f"of n_microbatches={len(loaded.plan.stages[0].forward)}"]  # fmt: skip
     else:
         lines = _torchtitan(loaded, folder, Path(plan_path))

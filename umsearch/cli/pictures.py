@@ -101,7 +101,7 @@ def _style(stage: int, kind: str, stages: int) -> dict[str, Any]:
 
 def _draw_gantt(ax: Any, records: Sequence[RecordLike], ranks: int, title: str, end: float | None = None) -> None:
     """One row per rank on ``ax``; a colour per stage, forward dark, backward light, I hatched, W
-    cross-hatched; each wide enough box is labelled with its action (``2F0``)."""
+    cross-hatched; each wide enough box is labelled with its action (``2F0``) and, wider still, its size."""
     from matplotlib.patches import Patch
 
     end = end or max((a.end_ms for a in records), default=1.0)
@@ -113,9 +113,10 @@ def _draw_gantt(ax: Any, records: Sequence[RecordLike], ranks: int, title: str, 
         ax.broken_barh(spans, (rank - 0.4, 0.8), **_style(stage, kind, stages))
     for a in records:
         width = a.end_ms - a.start_ms
-        if width > end / 60:
-            ax.text(a.start_ms + width / 2, a.rank, f"{a.stage}{a.kind}{a.mb}", ha="center", va="center",
-                    fontsize=6, color="black" if a.kind != "F" else "white")  # fmt: skip
+        if width > end / 60:  # stage, kind and microbatch (torch's notation) over the microbatch's size
+            label = f"{a.stage}{a.kind}{a.mb}\n{a.size}" if width > end / 40 else f"{a.stage}{a.kind}{a.mb}"
+            ax.text(a.start_ms + width / 2, a.rank, label, ha="center", va="center", fontsize=6,
+                    color="black" if a.kind != "F" else "white", linespacing=0.9)  # fmt: skip
     ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     ax.set_ylim(ranks - 0.5, -0.5)
     ax.set_xlim(0, end * 1.01)
