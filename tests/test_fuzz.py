@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.cli.helpers import run_cli
 from tests.strategies import uniform_profile
-from umsearch.cli.main import main
 from umsearch.core.plan import placed_plan, save_plan
 from umsearch.core.profile import save_profile
 from umsearch.core.schedules import one_f_one_b
@@ -26,12 +26,7 @@ from umsearch.core.schedules import one_f_one_b
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
+_run = run_cli
 
 
 def _files(tmp: Path) -> Path:
