@@ -39,7 +39,7 @@ import torch
 from umsearch.core.jsonio import write_json
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.profile import Link
-from umsearch.measure.models import BuiltModel, build_model
+from umsearch.nn.models import BuiltModel, build_model
 from umsearch.measure.profiler import ProfileConfig, device_name, profile_model
 from umsearch.measure.stash import saved_bytes, tensor_bytes
 

@@ -4,7 +4,7 @@
 
 1. profile it here (``umsearch profile``, one thread, as each rank runs), or
    take ``--profile-dir``'s profiles, and calibrate the runtime's own costs
-   (:func:`umsearch.measure.calibration.calibrate`);
+   (:func:`umsearch.orchestrate.calibration.calibrate`);
 2. search 2 ranks x :data:`BATCH` (stages per rank 1-2, I/W split allowed)
    on the calibrated profile; the search also gives every peer schedule of
    MODEL.md 6.2 at its best microbatch count and partition, and the local
@@ -66,7 +66,7 @@ def measure_profile(spec: dict[str, Any], path: Path, repeats: int = 15) -> Prof
 def contenders(profile: Profile, budget_s: float) -> list[tuple[str, Plan]]:
     """The searched plan first, then every feasible baseline of the same search (peers, local greedy),
     then the calibration's probe plans (2 to 16 microbatches) for a wider fidelity set."""
-    from umsearch.measure.calibration import probe_plans
+    from umsearch.orchestrate.calibration import probe_plans
     from umsearch.search.driver import run_search
     from umsearch.search.space import build_space
 
@@ -114,7 +114,7 @@ def model_report(name: str, spec: dict[str, Any], profile: Profile, rounds: int,
     import dataclasses
 
     from umsearch.core.profile import RuntimeCosts
-    from umsearch.measure.calibration import calibrate
+    from umsearch.orchestrate.calibration import calibrate
     from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.fidelity import Contender, measure_contenders

@@ -9,7 +9,7 @@ import pytest
 
 from tests.strategies import uniform_profile
 from umsearch.core.deps import find_deadlock
-from umsearch.measure.calibration import Sample, fit_overheads, probe_plans
+from umsearch.orchestrate.calibration import Sample, fit_overheads, probe_plans
 
 
 def test_the_fit_recovers_the_overheads_that_made_the_samples() -> None:
@@ -50,8 +50,8 @@ def test_probes_cover_many_and_few_microbatches_and_the_split_only_when_profiled
 @pytest.mark.slow
 def test_calibrating_a_zoo_model_runs_and_fits(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from umsearch.core.profile import Link
-    from umsearch.measure.calibration import calibrate
-    from umsearch.measure.models import ModelSpec, build_model
+    from umsearch.orchestrate.calibration import calibrate
+    from umsearch.nn.models import ModelSpec, build_model
     from umsearch.measure.profiler import ProfileConfig, profile_model
     from umsearch.runtime.factory import spec_factory
 

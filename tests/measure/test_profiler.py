@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from umsearch.cli.profile import profile_command
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import Link, profile_from_json
-from umsearch.measure.models import ModelSpec, build_model
+from umsearch.nn.models import ModelSpec, build_model
 from umsearch.measure.profiler import saved_bytes
 
 
@@ -251,7 +251,7 @@ def test_structurally_identical_layers_are_pooled() -> None:
 
 
 def test_a_profile_of_identical_blocks_gives_identical_estimates() -> None:
-    from umsearch.measure.models import ModelSpec, build_model
+    from umsearch.nn.models import ModelSpec, build_model
     from umsearch.measure.profiler import ProfileConfig, profile_model
 
     spec = ModelSpec.from_json({"source": "mlp", "args": {"layers": 4, "width": 32}})

@@ -246,7 +246,7 @@ MLP_SPEC: dict[str, Any] = {"source": "mlp", "args": {"width": 16}}
 
 def zoo_two_stage_plan(spec: dict[str, Any] = MLP_SPEC, batch: int = 8) -> Plan:
     """A 2-stage plan with unequal microbatches over the whole of ``spec``'s layers."""
-    from umsearch.measure.models import ModelSpec, build_model
+    from umsearch.nn.models import ModelSpec, build_model
 
     L = len(build_model(ModelSpec.from_json(spec)).layers)
     cut = L // 2

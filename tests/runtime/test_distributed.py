@@ -33,7 +33,7 @@ from tests.contract import (
 from umsearch.cli.run import run_command
 from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan, save_plan
-from umsearch.measure.spec import BuiltModel
+from umsearch.nn.spec import BuiltModel
 from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.launch import RankFailure, launch
 from umsearch.runtime.run import merge, run_plan

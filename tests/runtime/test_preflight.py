@@ -27,7 +27,7 @@ from umsearch.core.deps import find_deadlock
 from umsearch.core.errors import ModelSpecError, PlanError
 from umsearch.core.plan import Plan, save_plan
 from umsearch.core.profile import save_profile
-from umsearch.measure.spec import BuiltModel
+from umsearch.nn.spec import BuiltModel
 from umsearch.runtime.config import ModelChoice
 from umsearch.runtime.factory import (
     require_trusted,

@@ -47,7 +47,7 @@ def _spec(profile: Profile, path: str, model: str | None, args: tuple[str, ...],
 def calibrate_command(profile_path: str, model: str | None, model_args: tuple[str, ...], trust_model_code: bool,
                       rounds: int, ranks: int, batch: int, threads: int, out: str | None, as_json: bool) -> None:  # fmt: skip
     """Run a few probe plans for real and fit the runtime's fixed costs into PROFILE.json (MODEL.md 7)."""
-    from umsearch.measure.calibration import calibrate
+    from umsearch.orchestrate.calibration import calibrate
     from umsearch.runtime.factory import spec_factory
 
     profile = load_profile(profile_path)

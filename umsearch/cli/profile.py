@@ -159,7 +159,7 @@ def _spec(model: str | None, args: tuple[str, ...], stored: Profile | None, wher
 def _check(path: str, model: str | None, args: tuple[str, ...], device: str | None, repeats: int | None,
            no_pool: bool, out: str | None) -> None:  # fmt: skip
     from umsearch.measure.check import check_profile, check_steps
-    from umsearch.measure.models import build_model
+    from umsearch.nn.models import build_model
 
     stored = load_profile(path)
     spec = _spec(model, args, stored, path)
@@ -177,7 +177,7 @@ def _check(path: str, model: str | None, args: tuple[str, ...], device: str | No
 
 
 def _measure(model: str, spec: ModelSpec, config: ProfileConfig, link: Link) -> Profile:
-    from umsearch.measure.models import build_model
+    from umsearch.nn.models import build_model
     from umsearch.measure.profiler import profile_model
 
     built = build_model(spec)
@@ -238,7 +238,7 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
     console.print(profile_table(prof, model))
     print_quality(prof)
     if calibrate_too:
-        from umsearch.measure.calibration import calibrate
+        from umsearch.orchestrate.calibration import calibrate
         from umsearch.runtime.factory import spec_factory
 
         console.print("calibrating the runtime's own costs (a few probe plans on 2 ranks)...")

@@ -23,7 +23,7 @@ KINDS: tuple[Kind, ...] = ("F", "B", "I", "W")
 KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(KINDS)}
 """``F`` 0, ``B`` 1, ``I`` 2, ``W`` 3: the codes the compiled evaluator uses."""
 
-_PATTERN = re.compile(r"\s*(\d+)\s*([FBIW])\s*(\d+)\s*")
+_PATTERN = re.compile(r"\s*([0-9]+)\s*([FBIW])\s*([0-9]+)\s*", re.ASCII)  # ASCII digits only: "0F١" is no action
 
 
 class Action(NamedTuple):

@@ -21,9 +21,12 @@ import numpy.typing as npt
 
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
-from umsearch.core.profile import QUANTITIES, Profile
+from umsearch.core.profile import QUANTITIES, Profile, RuntimeCosts
 
 FloatArray = npt.NDArray[np.float64]
+
+MIB = float(2**20)
+"""Bytes in the MiB of ``runtime.message_overhead_ms_per_mib``."""
 
 MAX_TABLE_BYTES = 512 * 2**20
 """Largest dense cost table :meth:`CostModel.tables` builds (sizes x layers x 4 quantities)."""
@@ -46,6 +49,32 @@ def interpolate_times(sizes: Sequence[int], times: FloatArray, b: npt.ArrayLike)
     out[~inside] = np.maximum(0.0, times[None, :, -1] + slope[None, :] * (bb[~inside, None] - s[-1]))
     out[bb == 0] = 0.0
     return out
+
+
+def stage_scales(runtime: RuntimeCosts, lo: npt.ArrayLike, hi: npt.ArrayLike) -> FloatArray:
+    """MODEL.md 2.1: the factor on the layer times of each stage ``[lo, hi)`` (elementwise).
+
+    A measured ``runtime.ranges`` entry for exactly ``[lo, hi)`` wins; else ``runtime.stage_scale``
+    at k = hi - lo layers, linear between its points and constant beyond the ends; else 1. The one
+    home of the rule: every simulator, the order generator, the partition search and the lower
+    bound take their stage times through it.
+    """
+    lo_a = np.atleast_1d(np.asarray(lo, dtype=np.int64))
+    hi_a = np.atleast_1d(np.asarray(hi, dtype=np.int64))
+    if runtime.stage_scale:
+        ks, ss = zip(*runtime.stage_scale, strict=True)
+        out = np.interp((hi_a - lo_a).astype(np.float64), np.asarray(ks, dtype=np.float64), np.asarray(ss))
+    else:
+        out = np.ones(lo_a.shape[0])
+    for r_lo, r_hi, scale in runtime.ranges:
+        out[(lo_a == r_lo) & (hi_a == r_hi)] = scale
+    return out
+
+
+def least_scale(runtime: RuntimeCosts) -> float:
+    """The smallest factor :func:`stage_scales` can give any stage (what keeps a lower bound a bound)."""
+    values = [s for _, s in runtime.stage_scale] or [1.0]
+    return min(values + [sc for _, _, sc in runtime.ranges])
 
 
 def _prefix(rows: FloatArray) -> FloatArray:
@@ -79,8 +108,21 @@ class CostTables:
     """Runtime cost added to every action."""
     message_overhead_ms: float
     """Runtime cost of each cross-rank message, to the sender and to each action needing it."""
+    message_overhead_ms_per_byte: float
+    """Size-dependent part of that cost (``runtime.message_overhead_ms_per_mib`` per byte)."""
     state_factor: float
     """Bytes of training state per parameter byte."""
+    runtime: RuntimeCosts
+    """The profile's runtime terms, for :meth:`stage_scale`."""
+
+    def stage_scale(self, lo: npt.ArrayLike, hi: npt.ArrayLike) -> FloatArray:
+        """:func:`stage_scales` of this profile, elementwise over stages ``[lo, hi)``."""
+        return stage_scales(self.runtime, lo, hi)
+
+    @property
+    def least_scale(self) -> float:
+        """:func:`least_scale` of this profile."""
+        return least_scale(self.runtime)
 
 
 class CostModel:
@@ -102,6 +144,8 @@ class CostModel:
         self.ms_per_byte = 1.0 / (profile.link.bandwidth_gb_per_s * 1e6)  # GB/s is 1e6 bytes per ms
         self.op_overhead_ms = float(profile.runtime.op_overhead_ms)
         self.message_overhead_ms = float(profile.runtime.message_overhead_ms)
+        self.message_overhead_ms_per_byte = float(profile.runtime.message_overhead_ms_per_mib) / MIB
+        self._scales: dict[tuple[int, int], float] = {}
 
     def _row(self, quantity: str, b: int) -> FloatArray:
         key = (quantity, b)
@@ -115,6 +159,20 @@ class CostModel:
         """``quantity`` (``fwd``, ``bwd``, ``bwd_input``, ``bwd_weight``) of layers ``[lo, hi)`` at size ``b``."""
         row = self._row(quantity, b)
         return float(row[hi] - row[lo])
+
+    def stage_scale(self, lo: int, hi: int) -> float:
+        """:func:`stage_scales` of stage ``[lo, hi)`` under this profile."""
+        key = (lo, hi)
+        scale = self._scales.get(key)
+        if scale is None:
+            scale = self._scales[key] = float(stage_scales(self.profile.runtime, lo, hi)[0])
+        return scale
+
+    def message_charge_ms(self, boundary_layer: int, samples: int) -> float:
+        """What one cross-rank message of ``samples`` outputs of ``boundary_layer`` costs the compute
+        timeline of its sender, and again of each action that needs it (MODEL.md 4 and 2.1)."""
+        return self.message_overhead_ms + self.message_overhead_ms_per_byte * samples * float(
+            self.out_bytes[boundary_layer])
 
     def transfer_ms(self, boundary_layer: int, samples: int) -> float:
         """One message of ``samples`` outputs of layer ``boundary_layer`` (either direction)."""
@@ -167,4 +225,6 @@ class CostModel:
             a.setflags(write=False)
         return CostTables(b_max=b_max, **arrays, input_bytes=self.input_bytes, latency_ms=self.latency_ms,
                           ms_per_byte=self.ms_per_byte, op_overhead_ms=self.op_overhead_ms,
-                          message_overhead_ms=self.message_overhead_ms, state_factor=self.state_factor)  # fmt: skip
+                          message_overhead_ms=self.message_overhead_ms,
+                          message_overhead_ms_per_byte=self.message_overhead_ms_per_byte,
+                          state_factor=self.state_factor, runtime=self.profile.runtime)  # fmt: skip

@@ -6,7 +6,7 @@ module runs its code, so a spec read from a data file (a plan's ``model``, a
 profile's ``model_spec``) never chooses code to run by itself: a non-zoo spec
 from a file is *untrusted* and is built only when the user names the same
 module on the command line or passes ``--trust-model-code``
-(:func:`umsearch.measure.models.build_model` enforces it).
+(:func:`umsearch.nn.models.build_model` enforces it).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from umsearch.core.errors import ModelSpecError
 
 ZOO_NAMES = ("gpt", "vgg16", "mlp")
-"""Models that ship with umsearch (:mod:`umsearch.measure.zoo`); the only sources a file may name freely."""
+"""Models that ship with umsearch (:mod:`umsearch.nn.zoo`); the only sources a file may name freely."""
 
 _ARG_TYPES = (str, int, float, bool)
 

@@ -61,8 +61,30 @@ class RuntimeCosts:
     message_overhead_ms: float = 0.0
     """Compute-timeline time of one cross-rank message, charged to its sender and to every action
     that needs it."""
+    message_overhead_ms_per_mib: float = 0.0
+    """Added to ``message_overhead_ms`` per MiB (2**20 bytes) of the message, wherever that is charged
+    (MODEL.md 2.1)."""
+    stage_scale: tuple[tuple[int, float], ...] = ()
+    """Strictly ascending ``(k, s)`` points: the layer times of a stage of k layers are multiplied by
+    s(k), linear between points and constant beyond the ends; empty: s = 1 (MODEL.md 2.1)."""
+    ranges: tuple[tuple[int, int, float], ...] = ()
+    """Measured ``(lo, hi, scale)`` of exact stage ranges ``[lo, hi)``; they win over
+    :attr:`stage_scale` (MODEL.md 2.1)."""
     calibration: dict[str, Any] | None = field(default=None, compare=False)
-    """How the two values were fitted (probe plans, residual); None when never calibrated."""
+    """How the values were fitted (probe plans, residual); None when never calibrated."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``runtime`` object; the v2.1 fields only where set, so a v2 profile stays v2."""
+        out: dict[str, Any] = {"op_overhead_ms": self.op_overhead_ms, "message_overhead_ms": self.message_overhead_ms}
+        if self.message_overhead_ms_per_mib:
+            out["message_overhead_ms_per_mib"] = self.message_overhead_ms_per_mib
+        if self.stage_scale:
+            out["stage_scale"] = [[k, s] for k, s in self.stage_scale]
+        if self.ranges:
+            out["ranges"] = [{"lo": lo, "hi": hi, "scale": sc} for lo, hi, sc in self.ranges]
+        if self.calibration is not None:
+            out["calibration"] = self.calibration
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,9 +177,7 @@ class Profile:
         }  # fmt: skip
         rt = self.runtime
         if rt != RuntimeCosts() or rt.calibration is not None:
-            out["runtime"] = {"op_overhead_ms": rt.op_overhead_ms, "message_overhead_ms": rt.message_overhead_ms}
-            if rt.calibration is not None:
-                out["runtime"]["calibration"] = rt.calibration
+            out["runtime"] = rt.to_json()
         for key, value in self.extra.items():
             out.setdefault(key, value)
         return out
@@ -222,15 +242,65 @@ def _layer(raw: Any, i: int, n: int) -> LayerProfile:
     )  # fmt: skip
 
 
-def _runtime(raw: Any) -> RuntimeCosts:
+_RUNTIME_KEYS = frozenset({"op_overhead_ms", "message_overhead_ms", "message_overhead_ms_per_mib", "stage_scale",
+                           "ranges", "calibration"})  # fmt: skip
+
+
+def _stage_scale(raw: Any) -> tuple[tuple[int, float], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"profile field runtime.stage_scale must be a non-empty list of [k, s] pairs, got {raw!r}; "
+                           "e.g. [[1, 1.0], [8, 0.9]]")  # fmt: skip
+    points: list[tuple[int, float]] = []
+    for i, pair in enumerate(raw):
+        where = f"runtime.stage_scale[{i}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ProfileError(f"profile field {where} must be a [k, s] pair, got {pair!r}")
+        k = integer(pair[0], f"{where}[0]", ProfileError, lo=1)
+        s = number(pair[1], f"{where}[1]", ProfileError, positive=True)
+        if points and k <= points[-1][0]:
+            raise ProfileError(f"profile field {where} has k = {k} after k = {points[-1][0]}; "
+                               "list the layer counts k strictly ascending")  # fmt: skip
+        points.append((k, s))
+    return tuple(points)
+
+
+def _ranges(raw: Any, num_layers: int) -> tuple[tuple[int, int, float], ...]:
+    if not isinstance(raw, list):
+        raise ProfileError(f"profile field runtime.ranges must be a list of {{lo, hi, scale}}, got {raw!r}")
+    seen: dict[tuple[int, int], int] = {}
+    out: list[tuple[int, int, float]] = []
+    for i, item in enumerate(raw):
+        where = f"runtime.ranges[{i}]"
+        obj = mapping(item, where, ProfileError)
+        check_keys(obj, {"lo", "hi", "scale"}, f"{where}.", ProfileError)
+        lo = integer(required(obj, "lo", f"{where}.", ProfileError, _SEE), f"{where}.lo", ProfileError)
+        hi = integer(required(obj, "hi", f"{where}.", ProfileError, _SEE), f"{where}.hi", ProfileError)
+        scale = number(required(obj, "scale", f"{where}.", ProfileError, _SEE), f"{where}.scale", ProfileError,
+                       positive=True)  # fmt: skip
+        if not lo < hi <= num_layers:
+            raise ProfileError(f"profile field {where} = [{lo}, {hi}) is not a layer range of this {num_layers}-layer "
+                               f"model; give 0 <= lo < hi <= {num_layers}")  # fmt: skip
+        if (lo, hi) in seen:
+            raise ProfileError(f"profile field {where} repeats the range [{lo}, {hi}) of runtime.ranges[{seen[lo, hi]}]; "
+                               "keep one scale per range")  # fmt: skip
+        seen[lo, hi] = i
+        out.append((lo, hi, scale))
+    return tuple(out)
+
+
+def _runtime(raw: Any, num_layers: int) -> RuntimeCosts:
     obj = mapping(raw, "runtime", ProfileError)
-    check_keys(obj, {"op_overhead_ms", "message_overhead_ms", "calibration"}, "runtime.", ProfileError)
+    check_keys(obj, _RUNTIME_KEYS, "runtime.", ProfileError)
     calibration = obj.get("calibration")
     if calibration is not None:
         mapping(calibration, "runtime.calibration", ProfileError)
     return RuntimeCosts(
         op_overhead_ms=number(obj.get("op_overhead_ms", 0.0), "runtime.op_overhead_ms", ProfileError),
         message_overhead_ms=number(obj.get("message_overhead_ms", 0.0), "runtime.message_overhead_ms", ProfileError),
+        message_overhead_ms_per_mib=number(obj.get("message_overhead_ms_per_mib", 0.0),
+                                           "runtime.message_overhead_ms_per_mib", ProfileError),
+        stage_scale=_stage_scale(obj["stage_scale"]) if "stage_scale" in obj else (),
+        ranges=_ranges(obj["ranges"], num_layers) if "ranges" in obj else (),
         calibration=calibration,
     )  # fmt: skip
 
@@ -273,7 +343,7 @@ def profile_from_json(obj: Any) -> Profile:
         input_bytes=number(get("input_bytes"), "input_bytes", ProfileError, limit=MAX_BYTES),
         layers=tuple(_layer(raw, i, len(sizes)) for i, raw in enumerate(layers_raw)),
         link=link,
-        runtime=_runtime(obj["runtime"]) if "runtime" in obj else RuntimeCosts(),
+        runtime=_runtime(obj["runtime"], len(layers_raw)) if "runtime" in obj else RuntimeCosts(),
         extra={k: v for k, v in obj.items() if k in EXTRA_KEYS},
     )
 

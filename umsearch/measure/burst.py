@@ -11,7 +11,7 @@ last first.
 The backwards alternate between a full backward ``B`` and the split ``I`` of
 zero-bubble schedules; the ``W`` of each split one runs after all of the
 burst's ``B`` and ``I``, deferred as a zero-bubble schedule defers it. All
-three use the runtime's own functions (:mod:`umsearch.runtime.backward`), so
+three use the runtime's own functions (:mod:`umsearch.nn.backward`), so
 the profile times exactly what the runtime runs.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from umsearch.core.errors import ProfilingError
-from umsearch.runtime.backward import WeightWork, backward_full, backward_input, backward_weight
+from umsearch.nn.backward import WeightWork, backward_full, backward_input, backward_weight
 
 QUANTITIES = ("fwd", "bwd", "bwd_input", "bwd_weight")
 """What a burst times, named as the profile's ``{q}_ms`` fields."""

@@ -20,7 +20,7 @@ import torch
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import Profile
 from umsearch.measure.fit import iqr, median
-from umsearch.measure.models import BuiltModel
+from umsearch.nn.models import BuiltModel
 from umsearch.measure.profiler import (
     ProfileConfig,
     Step,

@@ -35,7 +35,7 @@ from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import LayerProfile, Link, Profile
 from umsearch.measure.burst import QUANTITIES, Unit, burst, leaf
 from umsearch.measure.fit import Curve, fit_curve, iqr, median
-from umsearch.measure.models import BuiltModel, ModelSpec
+from umsearch.nn.models import BuiltModel, ModelSpec
 from umsearch.measure.pooling import Signature, module_signature, pool_groups, tensor_signature
 from umsearch.measure.quality import assess
 from umsearch.measure.rounds import Cell, calibration_rounds, schedule
@@ -364,7 +364,7 @@ def profile_model(
         "in_flight": config.in_flight, "order": ORDER, "seed": config.seed,
         "calibration_rounds": len(calibration_rounds(config.repeats, config.calibration_rounds)),
         "threads": torch.get_num_threads(), "device": str(config.device), "pooling": config.pool,
-        "split_backward": "umsearch.runtime.backward: B backward_full, I backward_input, W backward_weight (deferred)"
+        "split_backward": "umsearch.nn.backward: B backward_full, I backward_input, W backward_weight (deferred)"
         if config.split else None,
         "duration_s": time.perf_counter() - start, "cpu_share": share,
         "cpu_share_per_round": list(measured.cpu_share), "loadavg_1m": [load_before, _loadavg()],

@@ -10,7 +10,7 @@ Library use (inside your own process group, one process per rank)::
 (:func:`umsearch.runtime.model.stage_module` cuts them from a model). Or let
 :func:`run_plan` start the processes (torchrun, one per rank) for you.
 
-:mod:`umsearch.runtime.backward` (the split backward, also used by the
+:mod:`umsearch.nn.backward` (the split backward, also used by the
 profiler) and :mod:`umsearch.runtime.stage` (one stage's compute) need no
 process group. Names are imported on first use, so importing one submodule
 does not import the others; the torchrun entry point,

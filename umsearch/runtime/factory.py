@@ -28,7 +28,7 @@ from umsearch.runtime.config import ModelChoice
 
 
 class ModelLike(Protocol):
-    """What the runtime needs of a model (:class:`umsearch.measure.spec.BuiltModel` is one)."""
+    """What the runtime needs of a model (:class:`umsearch.nn.spec.BuiltModel` is one)."""
 
     @property
     def layers(self) -> Sequence[torch.nn.Module]: ...
@@ -71,7 +71,7 @@ def resolve_plan(path: str | os.PathLike[str], choice: ModelChoice, *, require_p
 
     ``--model`` replaces the file's model; given without ``--arg`` and naming
     the model the file names, the file's arguments are kept. Nothing is
-    imported or built here: :func:`umsearch.measure.models.build_model`
+    imported or built here: :func:`umsearch.nn.models.build_model`
     refuses an untrusted spec, and :func:`require_trusted` says so earlier.
     """
     override = user_model(choice)
@@ -97,7 +97,7 @@ def require_trusted(loaded: LoadedPlan) -> ModelSpec:
 
 
 def _build(spec: ModelSpec, seed: int) -> ModelLike:
-    from umsearch.measure.models import build_model
+    from umsearch.nn.models import build_model
 
     try:
         return build_model(spec, seed=seed)

@@ -20,7 +20,7 @@ backward is split or per-layer timing is on; otherwise as one piece. Cutting
 keeps every weight-gradient call of ``W`` inside one layer's graph, so
 ``W``'s cost grows with the layers, not with their square (each autograd call
 walks the whole graph below where it starts), and per-layer ``I``/``W`` are
-exactly what the profiler measures with :mod:`umsearch.runtime.backward`.
+exactly what the profiler measures with :mod:`umsearch.nn.backward`.
 
 Recompute replays randomness like ``torch.utils.checkpoint``: the RNG state
 (CPU, and the stage's GPU on CUDA) is stashed before each forward; a backward
@@ -43,7 +43,7 @@ from umsearch.core.actions import Kind
 from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Stage
 from umsearch.core.samples import all_overlaps, cumulative
-from umsearch.runtime.backward import WeightWork, backward_full, backward_input, backward_weight
+from umsearch.nn.backward import WeightWork, backward_full, backward_input, backward_weight
 from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.timing import LayerStamp, StampClock
 

@@ -8,8 +8,8 @@ import torch
 
 from umsearch.core.errors import ModelSpecError, ProfilingError
 from umsearch.core.model_spec import ModelSpec, parse_arg
-from umsearch.measure.spec import BuiltModel
-from umsearch.measure.zoo import ZOO, build_zoo
+from umsearch.nn.spec import BuiltModel
+from umsearch.nn.zoo import ZOO, build_zoo
 
 __all__ = ["ZOO", "BuiltModel", "ModelSpec", "build_model", "parse_arg"]
 

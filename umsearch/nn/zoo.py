@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from umsearch.core.errors import ProfilingError
-from umsearch.measure.spec import BuiltModel
+from umsearch.nn.spec import BuiltModel
 
 
 class Embedding(nn.Module):
