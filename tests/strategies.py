@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import random
 from collections.abc import Sequence
 
@@ -53,9 +55,27 @@ def profiles(draw: st.DrawFn, min_layers: int = 2, max_layers: int = 6, split: b
     link = Link(latency_ms=draw(st.floats(0, 0.5)), bandwidth_gb_per_s=draw(st.floats(0.1, 100)))
     runtime = RuntimeCosts()
     if overheads and draw(st.booleans()):
-        runtime = RuntimeCosts(op_overhead_ms=draw(st.floats(0, 0.3)), message_overhead_ms=draw(st.floats(0, 0.2)))
+        runtime = RuntimeCosts(op_overhead_ms=draw(st.floats(0, 0.3)), message_overhead_ms=draw(st.floats(0, 0.2)),
+                               **draw(v21_terms(n)))  # fmt: skip
     return Profile(model="random", device="none", dtype="fp32", microbatch_sizes=sizes,
                    input_bytes=draw(st.floats(0, 1e5)), layers=tuple(layers), link=link, runtime=runtime)  # fmt: skip
+
+
+@st.composite
+def v21_terms(draw: st.DrawFn, num_layers: int) -> dict[str, Any]:
+    """MODEL.md 2.1's optional terms, each present or not: per-MiB message cost, a stage scale curve
+    and measured ranges (some of which random plans will hit exactly)."""
+    out: dict[str, Any] = {}
+    if draw(st.booleans()):
+        out["message_overhead_ms_per_mib"] = draw(st.floats(0, 0.5))
+    if draw(st.booleans()):
+        ks = sorted(draw(st.sets(st.integers(1, num_layers + 2), min_size=1, max_size=3)))
+        out["stage_scale"] = tuple((k, draw(st.floats(0.5, 2.0))) for k in ks)
+    if draw(st.booleans()):
+        spans = draw(st.sets(st.tuples(st.integers(0, num_layers - 1), st.integers(1, num_layers)).filter(
+            lambda t: t[0] < t[1]), max_size=4))  # fmt: skip
+        out["ranges"] = tuple((lo, hi, draw(st.floats(0.5, 2.0))) for lo, hi in sorted(spans))
+    return out
 
 
 @st.composite

@@ -21,6 +21,7 @@ from umsearch.search.partition import (
     count_cuts,
     descend,
     neighbours,
+    stage_cuts,
     stage_work,
 )
 from umsearch.search.scoring import Scorer
@@ -91,6 +92,30 @@ def test_balanced_cuts_matches_brute_force(weights: list[float], stages: int) ->
     brute = min(all_cuts(len(weights), stages), key=lambda c: _bottleneck(work, c))
     assert all(a < b for a, b in itertools.pairwise(dp)) and len(dp) == stages + 1
     assert _bottleneck(work, dp) == pytest.approx(_bottleneck(work, brute))
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_stage_cuts_is_the_exact_scaled_bottleneck(data: st.DataObject) -> None:
+    """With MODEL.md 2.1's stage scale and ranges, the DP's bottleneck equals brute force's."""
+    import dataclasses
+
+    from tests.strategies import v21_terms
+    from umsearch.core.profile import RuntimeCosts
+
+    profile = bimodal_profile(layers=data.draw(st.integers(2, 8)))
+    L = profile.num_layers
+    profile = dataclasses.replace(profile, runtime=RuntimeCosts(**data.draw(v21_terms(L))))
+    tables = CostModel(profile).tables(4)
+    stages = data.draw(st.integers(1, L))
+    work = stage_work(tables, 4)
+
+    def scaled(cuts: tuple[int, ...]) -> float:
+        return max(float((work[b] - work[a]) * tables.stage_scale(a, b)[0]) for a, b in itertools.pairwise(cuts))
+
+    dp = stage_cuts(tables, 4, stages)
+    assert len(dp) == stages + 1 and dp[0] == 0 and dp[-1] == L and all(a < b for a, b in itertools.pairwise(dp))
+    assert scaled(dp) == pytest.approx(min(scaled(c) for c in all_cuts(L, stages)))
 
 
 def test_descent_reaches_a_local_optimum() -> None:

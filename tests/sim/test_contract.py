@@ -18,7 +18,7 @@ from tests.contract import (
 )
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
-from umsearch.core.profile import Profile
+from umsearch.core.profile import Profile, RuntimeCosts
 from umsearch.sim.batch import encode, evaluate, pack
 from umsearch.sim.reference import simulate
 from umsearch.sim.result import SimResult
@@ -102,3 +102,37 @@ def test_example6_overheads(sim: str) -> None:
     res = _run(sim, EXAMPLE3, unit_profile(4, op_overhead_ms=0.1, message_overhead_ms=0.05))
     assert res.iteration_ms == pytest.approx(30.1, abs=1e-9)
     assert res.busy_ms == pytest.approx((26.8, 26.8), abs=1e-9)
+
+
+def _example7(**runtime: object) -> Profile:
+    """Section 8.7's profile: the unit profile of four layers with version 2.1 runtime terms."""
+    import dataclasses
+
+    base = unit_profile(4)
+    layers = base.layers
+    if "out_bytes_1" in runtime:
+        layers = (layers[0], dataclasses.replace(layers[1], out_bytes=float(runtime.pop("out_bytes_1"))), *layers[2:])
+    link = dataclasses.replace(base.link, bandwidth_gb_per_s=1e18)  # transfers stay 0 ms
+    return dataclasses.replace(base, layers=layers, link=link, runtime=RuntimeCosts(**runtime))  # type: ignore[arg-type]
+
+
+EXAMPLE7 = warmup_plan(2, [([1, 1], [1, 1], 2, False)] * 2, layers_per_stage=2)
+"""Section 8.7: two ranks, one stage of two layers each, GPipe with two microbatches of 1."""
+
+_SCALE = ((1, 1.0), (3, 1.5))
+
+
+@pytest.mark.parametrize(("runtime", "expected"), [
+    ({}, 18.0),
+    ({"stage_scale": _SCALE}, 22.5),
+    ({"stage_scale": _SCALE, "ranges": ((2, 4, 1.0),)}, 21.0),
+    ({"stage_scale": _SCALE, "out_bytes_1": 1048576, "message_overhead_ms_per_mib": 0.1}, 23.1),
+])  # fmt: skip
+def test_example7_v21_terms(sim: str, runtime: dict[str, object], expected: float) -> None:
+    res = _run(sim, EXAMPLE7, _example7(**runtime))
+    assert res.iteration_ms == pytest.approx(expected, abs=1e-9)
+
+
+def test_example7_per_mib_busy(sim: str) -> None:
+    res = _run(sim, EXAMPLE7, _example7(stage_scale=_SCALE, out_bytes_1=1048576, message_overhead_ms_per_mib=0.1))
+    assert res.busy_ms == pytest.approx((15.4, 15.4), abs=1e-9)

@@ -35,9 +35,24 @@ and ``{q}_raw_ms`` the medians before the monotone fit."""
 
 EXTRA_KEYS = frozenset({
     "model_spec", "largest_size_that_fit", "requested_sizes", "calibration", "quality", "pooled",
-    "measurement",
+    "measurement", "precision", "link_source",
 })  # fmt: skip
 """Top-level fields beyond the contract that profiles may carry (how they were measured)."""
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+"""Training precisions a profile's ``precision`` field may name (MODEL's ``dtype`` stays free text)."""
+
+
+def profile_precision(profile: Profile) -> str | None:
+    """The precision the profile was measured in (one of :data:`PRECISIONS`); None when it does not say
+    (profiles older than the field). A value outside :data:`PRECISIONS` raises :class:`ProfileError`."""
+    value = profile.extra.get("precision")
+    if value is None:
+        return None
+    if value not in PRECISIONS:
+        raise ProfileError(f"profile field 'precision' is {value!r}; it takes one of {', '.join(PRECISIONS)} "
+                           "(profile again with umsearch profile --dtype ...)")  # fmt: skip
+    return str(value)
 
 _SEE = "MODEL.md section 1"
 

@@ -28,7 +28,7 @@ from umsearch.core.cost import CostTables
 from umsearch.core.plan import equal_split
 from umsearch.core.schedules import PEER_SCHEDULES, PeerSchedule, warmup_rule
 from umsearch.search.genome import Rules
-from umsearch.search.partition import Cuts, all_cuts, balanced_cuts, count_cuts, descend, stage_work
+from umsearch.search.partition import Cuts, all_cuts, count_cuts, descend, stage_cuts
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
 from umsearch.sim.batch import ArrayPlan, action_code
@@ -109,7 +109,7 @@ def _partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables,
         i = int(np.argmin(t))
         return cands[i], float(t[i]), f"best of all {n} partitions"
     b = -(-rules.batch // shape.microbatches)
-    start = [balanced_cuts(stage_work(tables, b), S)]
+    start = [stage_cuts(tables, b, S)]
     cuts, t_best = descend(start, times, stop=stop)
     if stop():
         return cuts, t_best, f"cut descent from the balanced partition, cut short by the time budget ({n} partitions)"
@@ -132,7 +132,7 @@ def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostT
     total = sum(count_cuts(rules.num_layers, rules.ranks * s.v) for s in cands)
     if total <= EXACT_LIMIT:
         return _exact(peer, cands, rules, score, total)
-    first = [s.on(balanced_cuts(stage_work(tables, -(-rules.batch // s.microbatches)), rules.ranks * s.v))
+    first = [s.on(stage_cuts(tables, -(-rules.batch // s.microbatches), rules.ranks * s.v))
              for s in cands]  # fmt: skip
     t0 = score.plans(first)[0]
     best: tuple[float, Shape, Cuts, str] | None = None
@@ -213,7 +213,7 @@ def baselines(space: SearchSpace, rules: Rules, score: Scorer, tables: CostTable
             tick(i + 1, len(space.peers) + 1)
     v1 = [s for s in out.values() if s is not None and s.plan.num_stages == rules.ranks]
     cuts = ((0, *[st.lo for st in v1[0].plan.stages[1:]], rules.num_layers) if v1
-            else balanced_cuts(stage_work(tables, rules.largest), rules.ranks))  # fmt: skip
+            else stage_cuts(tables, rules.largest, rules.ranks))  # fmt: skip
     out["local greedy"] = greedy_baseline(rules, score, tables, cuts)
     if tick is not None:
         tick(len(space.peers) + 1, len(space.peers) + 1)

@@ -3,6 +3,9 @@
 Three facts, each true of every valid plan on R ranks (MODEL.md sections 2-4),
 with per-layer least times taken over microbatch sizes 1..B:
 
+Layer times carry the smallest stage scale any stage can get (MODEL.md 2.1;
+fact 3 gives each range its own), so every fact stays a bound with them.
+
 1. *Work and fill.* Every layer's forward and backward work is done once per
    sample, at best as its own cheapest split of B (``min_split``; a backward
    split into I and W counts when that is cheaper), and every action costs the
@@ -34,8 +37,9 @@ MAX_DP_LAYERS = 128
 
 
 def _per_layer(tables: CostTables, kind: int, batch: int) -> np.ndarray:
-    """(batch+1, L) per-layer time of one action kind at every size 0..batch."""
-    return np.diff(tables.times[kind, : batch + 1], axis=1)
+    """(batch+1, L) per-layer time of one action kind at every size 0..batch, times the smallest stage
+    scale any stage can get (MODEL.md 2.1), so that every sum of them stays a lower bound."""
+    return np.diff(tables.times[kind, : batch + 1], axis=1) * tables.least_scale
 
 
 def _backward(tables: CostTables, batch: int, split: bool) -> np.ndarray:
@@ -89,7 +93,8 @@ def _one_stage_per_rank(tables: CostTables, rules: Rules, per_size: np.ndarray, 
     prefix = np.hstack([np.zeros((per_size.shape[0], 1)), np.cumsum(per_size, axis=1)])  # (B+1, L+1)
     lo, hi = np.triu_indices(L + 1, k=1)
     work = np.full((L + 1, L + 1), np.inf)
-    work[lo, hi] = min_split(prefix[:, hi] - prefix[:, lo], B)
+    # per_size carries the least scale; each range takes its own exact scale instead.
+    work[lo, hi] = min_split(prefix[:, hi] - prefix[:, lo], B) * tables.stage_scale(lo, hi) / tables.least_scale
     lat, op, msg = tables.latency_ms, tables.op_overhead_ms, tables.message_overhead_ms
     best = np.full((R + 1, L + 1), np.inf)
     best[0, 0] = 0.0

@@ -44,7 +44,7 @@ from umsearch.search.operators import (
     GenomeRepair,
     GenomeSampling,
 )
-from umsearch.search.partition import balanced_cuts, stage_work
+from umsearch.search.partition import stage_cuts
 from umsearch.search.problem import GenomeProblem
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
@@ -113,7 +113,7 @@ def _anchors(rules: Rules, tables: CostTables, base: dict[str, Scored | None]) -
         S = rules.ranks * v
         cuts = [(0, *[st.lo for st in b.plan.stages[1:]], rules.num_layers) for b in base.values()
                 if b is not None and b.plan.num_stages == S]  # fmt: skip
-        cuts += [balanced_cuts(stage_work(tables, b), S) for b in sizes]
+        cuts += [stage_cuts(tables, b, S) for b in sizes]
         out[v] = list(dict.fromkeys(cuts))
     return out
 
@@ -125,7 +125,7 @@ def first_pass(rules: Rules, tables: CostTables) -> list[Genome]:
         for kind in rules.placements if v > 1 else ("loop",):
             for m in _spread(counts(rules), FIRST_PASS_COUNTS):
                 lists = [equal_split(rules.batch, m)] * (rules.ranks * v)
-                cuts = balanced_cuts(stage_work(tables, -(-rules.batch // m)), rules.ranks * v)
+                cuts = stage_cuts(tables, -(-rules.batch // m), rules.ranks * v)
                 for split in (False, True) if rules.split else (False,):
                     g = genome_of(rules, v, kind, cuts, lists, split=split)
                     out += [_scaled(g, f, rules, p) for f in (1.0, 1.5) for p in range(POLICY_COUNT)]

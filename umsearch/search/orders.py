@@ -40,6 +40,7 @@ from umsearch.sim.batch import ArrayPlan
 from umsearch.sim.kernels import (
     finish,
     memory_step,
+    needed_ms,
     ready_at,
     spans,
 )
@@ -171,10 +172,12 @@ def generate(packed: PackedGenomes, tables: CostTables, memory_limit: float) -> 
     mem, busy = np.zeros(n_ranks), np.zeros(n_ranks)
     t = tables
     _generate_all(
-        packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, packed.split, packed.cap,
+        packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, t.stage_scale(packed.lo, packed.hi),
+        packed.split, packed.cap,
         packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.rank_cap, packed.w_cap,
         packed.policy, packed.act_ptr, t.times, t.out_bytes, t.stash_prefix, t.param_prefix,
-        t.input_bytes, t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms, t.state_factor,
+        t.input_bytes, t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms,
+        t.message_overhead_ms_per_byte, t.state_factor,
         memory_limit, act, it, top, mem, busy, relaxed, min(n, 4 * get_num_threads()),
     )  # fmt: skip
     return Generated(act=act, iteration_ms=it, max_memory_bytes=top, peak_memory_bytes=mem, busy_ms=busy,
@@ -183,9 +186,9 @@ def generate(packed: PackedGenomes, tables: CostTables, memory_limit: float) -> 
 
 @njit(cache=True, parallel=True)
 def _generate_all(  # type: ignore[no-untyped-def]
-    stage_ptr, lo, hi, rank, recompute, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
+    stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
     policy, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh,
-    state_factor, memory_limit, act, it, top, mem, busy, relaxed, blocks,
+    msg_per_byte, state_factor, memory_limit, act, it, top, mem, busy, relaxed, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
     max_s = max_r = max_g = 1
@@ -204,9 +207,10 @@ def _generate_all(  # type: ignore[no-untyped-def]
         rflt = np.empty((5, max_r))  # per rank: decision time, end of last action, activation level, budget, tried
         local = np.empty(max_g, np.int64)
         for c in range(blk * n // blocks, (blk + 1) * n // blocks):
-            ok = _generate_one(c, stage_ptr, lo, hi, rank, recompute, split, cap, fwd, fwd_ptr, bwd, bwd_ptr,
+            ok = _generate_one(c, stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr,
                                rank_ptr, rank_cap, w_cap, policy, act_ptr, times, out_bytes, stash_prefix,
-                               param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh, state_factor,
+                               param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh, msg_per_byte,
+                               state_factor,
                                memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint,
                                rflt, local)  # fmt: skip
             last = peak = 0.0
@@ -298,9 +302,9 @@ def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr
 
 @njit(cache=True)
 def _generate_one(  # type: ignore[no-untyped-def]
-    c, stage_ptr, lo, hi, rank, recompute, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
+    c, stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
     policy, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh,
-    state_factor, memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint, rflt, local,
+    msg_per_byte, state_factor, memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint, rflt, local,
 ):  # fmt: skip
     """Generate candidate c's lists; returns False only if no rank could go on (a bug, never expected)."""
     s0, s1 = stage_ptr[c], stage_ptr[c + 1]
@@ -385,26 +389,30 @@ def _generate_one(  # type: ignore[no-untyped-def]
             slot = fwd_ptr[gg] - f_base + k
             producers = fwd_ptr[gg - 1] - f_base if g > 0 else -1
             cross = g > 0 and rank[gg - 1] != rank[gg]
+            sizes, size_base, edge = fwd, fwd_ptr[gg - 1], lo[gg] - 1
         elif kind == 3:
             k = ints[2, g]
             size = bwd[bwd_ptr[gg] + k]
             slot = producers = -1
             cross = False
+            sizes, size_base, edge = bwd, 0, 0
         else:
             k = ints[1, g]
             size = bwd[bwd_ptr[gg] + k]
             slot = n_f + bwd_ptr[gg] - b_base + k
             producers = n_f + bwd_ptr[gg + 1] - b_base if g < S - 1 else -1
             cross = producers >= 0 and rank[gg + 1] != rank[gg]
+            sizes, size_base, edge = bwd, bwd_ptr[gg + 1], hi[gg] - 1
         start = rflt[1, r]
-        needs = 0
+        need = 0.0
         if producers >= 0:
             start = max(start, ready_at(deliv, producers, dep_lo[slot], dep_hi[slot]))
             if cross:
-                needs = dep_hi[slot] - dep_lo[slot] + 1
+                need = needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh, msg_per_byte)
         l_lo, l_hi = lo[gg], hi[gg]
-        end, to, arrival = finish(kind, g, gg, S, r, start, size, l_lo, l_hi, recompute[gg], needs, rank, link,
-                                  times, out_bytes, latency, ms_per_byte, op_oh, msg_oh)  # fmt: skip
+        end, to, arrival = finish(kind, g, gg, S, r, start, size, l_lo, l_hi, recompute[gg], scale[gg], need, rank,
+                                  link, times, out_bytes, latency, ms_per_byte, op_oh, msg_oh,
+                                  msg_per_byte)  # fmt: skip
         if to >= 0:
             deliv[slot] = arrival
             dst = rank[to]

@@ -5,6 +5,8 @@
 - :func:`balanced_cuts` is the exact bottleneck DP: the cuts minimizing the
   largest per-stage work ``m * (F(b) + G(b))`` (PipeDream-planner style), a
   good start, not the answer (the simulated time is not a sum over stages).
+- :func:`stage_cuts` is that DP on the scaled stage times of MODEL.md 2.1
+  (what the searches call).
 - :func:`descend` moves one cut at a time to the neighbouring layer while the
   simulated time improves: a local optimum, and the searches that use it say so.
 """
@@ -63,6 +65,35 @@ def balanced_cuts(work: np.ndarray, stages: int) -> Cuts:
         cur[his] = np.where(take_below, v_below, v_lo)
         arg[s, his] = np.where(take_below, below, lo)
         prev = cur
+    cuts = [L]
+    for s in range(stages, 0, -1):
+        cuts.append(int(arg[s, cuts[-1]]))
+    return tuple(cuts[::-1])
+
+
+MAX_SCALED_DP_LAYERS = 512
+"""Up to this many layers :func:`stage_cuts` solves the bottleneck with each stage's scale exactly
+(``O(stages x L^2)``); beyond, it cuts on the unscaled work (a start for descent, as always)."""
+
+
+def stage_cuts(tables: CostTables, b: int, stages: int) -> Cuts:
+    """The cuts minimizing the largest stage work at microbatch size ``b``, each stage's work taken
+    times its scale (:meth:`umsearch.core.cost.CostTables.stage_scale`, MODEL.md 2.1)."""
+    work = stage_work(tables, b)
+    rt = tables.runtime
+    L = work.shape[0] - 1
+    if not (rt.stage_scale or rt.ranges) or L > MAX_SCALED_DP_LAYERS:
+        return balanced_cuts(work, stages)
+    lo, hi = np.triu_indices(L + 1, k=1)
+    cost = np.full((L + 1, L + 1), np.inf)
+    cost[lo, hi] = (work[hi] - work[lo]) * tables.stage_scale(lo, hi)
+    prev = np.full(L + 1, np.inf)
+    prev[0] = 0.0
+    arg = np.zeros((stages + 1, L + 1), dtype=np.int64)
+    for s in range(1, stages + 1):
+        both = np.maximum(prev[:, None], cost)  # [lo, hi]: the bottleneck if the last stage is [lo, hi)
+        arg[s] = np.argmin(both, axis=0)
+        prev = both[arg[s], np.arange(L + 1)]
     cuts = [L]
     for s in range(stages, 0, -1):
         cuts.append(int(arg[s, cuts[-1]]))

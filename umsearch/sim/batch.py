@@ -34,6 +34,7 @@ from umsearch.core.plan import Plan, Stage
 from umsearch.sim.kernels import (
     finish,
     memory_step,
+    needed_ms,
     ready_at,
     spans,
 )
@@ -207,10 +208,11 @@ def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
     mem, busy, ends = np.zeros(n_ranks), np.zeros(n_ranks), np.zeros(n_ranks)
     t = tables
     _evaluate_all(
-        packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, packed.fwd, packed.fwd_ptr,
-        packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.act, packed.act_ptr,
+        packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, t.stage_scale(packed.lo, packed.hi),
+        packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.act, packed.act_ptr,
         t.times, t.out_bytes, t.stash_prefix, t.param_prefix, t.input_bytes,
-        t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms, t.state_factor,
+        t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms, t.message_overhead_ms_per_byte,
+        t.state_factor,
         it, dead, top, mem, busy, ends, min(n, 4 * get_num_threads()),
     )  # fmt: skip
     return BatchResult(iteration_ms=it, deadlock=dead, max_memory_bytes=top, peak_memory_bytes=mem, busy_ms=busy,
@@ -219,9 +221,9 @@ def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
 
 @njit(cache=True, parallel=True)
 def _evaluate_all(  # type: ignore[no-untyped-def]
-    stage_ptr, lo, hi, rank, recompute, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
+    stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
     times, out_bytes, stash_prefix, param_prefix, input_bytes,
-    latency, ms_per_byte, op_oh, msg_oh, state_factor,
+    latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
     it, dead, top, mem, busy, ends, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
@@ -243,9 +245,9 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
         level = np.empty(max_r)
         stack = np.empty(max_r, np.int64)
         for c in range(blk * n // blocks, (blk + 1) * n // blocks):
-            dead[c] = _one(c, stage_ptr, lo, hi, rank, recompute, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act,
+            dead[c] = _one(c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act,
                            act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes,
-                           latency, ms_per_byte, op_oh, msg_oh, state_factor,
+                           latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
                            dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy, ends)  # fmt: skip
             last = peak = 0.0
             for g in range(rank_ptr[c], rank_ptr[c + 1]):
@@ -257,9 +259,9 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def _one(  # type: ignore[no-untyped-def]
-    c, stage_ptr, lo, hi, rank, recompute, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
+    c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
     times, out_bytes, stash_prefix, param_prefix, input_bytes,
-    latency, ms_per_byte, op_oh, msg_oh, state_factor,
+    latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
     dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy, ends,
 ):  # fmt: skip
     """Run candidate c to the end or to a deadlock; returns True on deadlock.
@@ -310,17 +312,19 @@ def _one(  # type: ignore[no-untyped-def]
             g = s0 + j
             l_lo, l_hi = lo[g], hi[g]
             start = clock[r]
-            needs = 0
+            need = 0.0
             if kind == 0:
                 size = fwd[fwd_ptr[g] + k]
                 slot = fwd_ptr[g] - f_base + k
                 producers = fwd_ptr[g - 1] - f_base if j > 0 else -1
                 cross = j > 0 and rank[g - 1] != rank[g]
+                sizes, size_base, edge = fwd, fwd_ptr[g - 1], l_lo - 1
             else:
                 size = bwd[bwd_ptr[g] + k]
                 slot = n_f + bwd_ptr[g] - b_base + k
                 producers = n_f + bwd_ptr[g + 1] - b_base if kind != 3 and j < S - 1 else -1
                 cross = producers >= 0 and rank[g + 1] != rank[g]
+                sizes, size_base, edge = bwd, bwd_ptr[g + 1], l_hi - 1
             if producers >= 0:
                 d = ready_at(deliv, producers, dep_lo[slot], dep_hi[slot])
                 if d < 0.0:
@@ -332,9 +336,11 @@ def _one(  # type: ignore[no-untyped-def]
                     break
                 start = max(start, d)
                 if cross:
-                    needs = dep_hi[slot] - dep_lo[slot] + 1
-            end, to, arrival = finish(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], needs, rank, link,
-                                      times, out_bytes, latency, ms_per_byte, op_oh, msg_oh)  # fmt: skip
+                    need = needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh,
+                                     msg_per_byte)  # fmt: skip
+            end, to, arrival = finish(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
+                                      link, times, out_bytes, latency, ms_per_byte, op_oh, msg_oh,
+                                      msg_per_byte)  # fmt: skip
             if to >= 0:
                 deliv[slot] = arrival
                 w = waiter[slot]

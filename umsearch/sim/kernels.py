@@ -16,14 +16,31 @@ from numba import njit
 
 
 @njit(cache=True)
-def compute_ms(kind, size, lo, hi, rec, times):  # type: ignore[no-untyped-def]
+def compute_ms(kind, size, lo, hi, rec, scale, times):  # type: ignore[no-untyped-def]
     """An action's own compute time: its layers at its size (``times`` is
     :attr:`umsearch.core.cost.CostTables.times`), plus the forward again when a recomputing stage
-    runs B or I."""
+    runs B or I, all times the stage's ``scale`` (:func:`umsearch.core.cost.stage_scales`)."""
     t = times[kind, size, hi] - times[kind, size, lo]
     if rec and (kind == 1 or kind == 2):
         t += times[0, size, hi] - times[0, size, lo]
-    return t
+    return t * scale
+
+
+@njit(cache=True)
+def message_ms(count, samples, sample_bytes, msg_oh, msg_per_byte):  # type: ignore[no-untyped-def]
+    """What ``count`` cross-rank messages carrying ``samples`` samples of ``sample_bytes`` each in all
+    cost a compute timeline (MODEL.md 4 and 2.1: a fixed part per message plus one per byte)."""
+    return count * msg_oh + msg_per_byte * samples * sample_bytes
+
+
+@njit(cache=True)
+def needed_ms(sizes, base, first, last, sample_bytes, msg_oh, msg_per_byte):  # type: ignore[no-untyped-def]
+    """The message charge of an action that needs producers ``first..last`` on another rank (their
+    sizes ``sizes[base + m]``): one message each, by its full size."""
+    samples = 0
+    for m in range(first, last + 1):
+        samples += sizes[base + m]
+    return message_ms(last - first + 1, samples, sample_bytes, msg_oh, msg_per_byte)
 
 
 @njit(cache=True)
@@ -85,24 +102,26 @@ def ready_at(deliveries, base, first, last):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, needs, rank, link, times, out_bytes, latency,  # type: ignore[no-untyped-def]
-           ms_per_byte, op_oh, msg_oh):  # fmt: skip
-    """MODEL.md section 4 for one action of stage ``j`` (global index ``g``) on rank ``r`` starting at
-    ``start``, charged ``needs`` received messages: ``(end, to, arrival)``, ``to`` the stage its
-    output goes to (-1: none) and ``arrival`` when it is there; a cross-rank message takes the link
-    ``link[r, rank[to]]`` after its previous message (updated here)."""
-    dur = compute_ms(kind, size, l_lo, l_hi, rec, times)
+def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, scale, need_ms, rank, link, times, out_bytes,  # type: ignore[no-untyped-def]
+           latency, ms_per_byte, op_oh, msg_oh, msg_per_byte):  # fmt: skip
+    """MODEL.md section 4 for one action of stage ``j`` (global index ``g``, layer-time factor
+    ``scale``) on rank ``r`` starting at ``start``, charged ``need_ms`` for the messages it received
+    (:func:`needed_ms`): ``(end, to, arrival)``, ``to`` the stage its output goes to (-1: none) and
+    ``arrival`` when it is there; a cross-rank message takes the link ``link[r, rank[to]]`` after its
+    previous message (updated here)."""
+    dur = compute_ms(kind, size, l_lo, l_hi, rec, scale, times)
     to = -1
     if kind == 0 and j < S - 1:  # a forward feeds stage j+1, a B or I gradient stage j-1
         to = g + 1
     elif (kind == 1 or kind == 2) and j > 0:
         to = g - 1
-    sends = 1 if to >= 0 and rank[to] != rank[g] else 0
-    end = start + dur + op_oh + msg_oh * (sends + needs)
+    sends = to >= 0 and rank[to] != rank[g]
+    edge = l_hi - 1 if kind == 0 else l_lo - 1
+    sent_ms = message_ms(1, size, out_bytes[edge], msg_oh, msg_per_byte) if sends else 0.0
+    end = start + dur + op_oh + need_ms + sent_ms
     arrival = end
     if sends:
         dst = rank[to]
-        edge = l_hi - 1 if kind == 0 else l_lo - 1
         arrival = max(end, link[r, dst]) + transfer_ms(size, edge, out_bytes, latency, ms_per_byte)
         link[r, dst] = arrival
     return end, to, arrival

@@ -46,27 +46,39 @@ class ActionTiming:
         return self.plan.stages[a.stage].rank != self.plan.stages[other].rank
 
     def base_ms(self, a: Action) -> float:
-        """The layers' own time of ``a`` (recomputation included), without the runtime's overheads."""
+        """The layers' own time of ``a`` (recomputation included) times the stage's scale, without the
+        runtime's overheads (MODEL.md 4 and 2.1)."""
         st, c, n = self.plan.stages[a.stage], self.cost, self.size(a)
         t = c.time_ms(_QUANTITY[a.kind], st.lo, st.hi, n)
         if st.recompute and a.kind in ("B", "I"):
             t += c.time_ms("fwd", st.lo, st.hi, n)
-        return t
+        return t * c.stage_scale(st.lo, st.hi)
 
-    def messages(self, a: Action) -> int:
-        """Cross-rank messages charged to ``a``: the one it sends, and one per producer on another rank."""
+    def boundary(self, a: Action) -> int:
+        """The layer whose output ``a``'s message carries: a forward's last layer, a gradient's
+        stage's first layer minus one."""
+        st = self.plan.stages[a.stage]
+        return st.hi - 1 if a.kind == "F" else st.lo - 1
+
+    def messages(self, a: Action) -> list[tuple[int, int]]:
+        """The cross-rank messages charged to ``a``, as ``(boundary layer, samples)``: the one it sends,
+        and one per producer on another rank."""
         to = self.consumer(a)
-        sent = int(to is not None and self.cross_rank(a, to))
-        return sent + sum(1 for p in self.deps.producers(a) if self.cross_rank(a, p.stage))
+        sent = [(self.boundary(a), self.size(a))] if to is not None and self.cross_rank(a, to) else []
+        return sent + [(self.boundary(p), self.size(p)) for p in self.deps.producers(a) if self.cross_rank(a, p.stage)]
+
+    def message_ms(self, a: Action) -> float:
+        """What the messages charged to ``a`` cost its compute timeline: the one it sends and one per
+        producer on another rank, each by its own full size."""
+        return sum(self.cost.message_charge_ms(edge, n) for edge, n in self.messages(a))
 
     def duration(self, a: Action) -> float:
         """MODEL.md section 4: the base time plus the per-action and per-message overheads."""
-        return self.base_ms(a) + self.cost.op_overhead_ms + self.cost.message_overhead_ms * self.messages(a)
+        return self.base_ms(a) + self.cost.op_overhead_ms + self.message_ms(a)
 
     def transfer(self, a: Action) -> float:
         """Link time of ``a``'s message: a forward crosses after layer hi-1, a gradient after lo-1."""
-        st = self.plan.stages[a.stage]
-        return self.cost.transfer_ms(st.hi - 1 if a.kind == "F" else st.lo - 1, self.size(a))
+        return self.cost.transfer_ms(self.boundary(a), self.size(a))
 
 
 def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:

@@ -1,0 +1,57 @@
+"""Profile loading of MODEL.md 2.1's runtime terms: they round-trip, and every bad value is one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.contract import unit_profile
+from umsearch.core.errors import ProfileError
+from umsearch.core.profile import RuntimeCosts, profile_from_json
+
+
+def _with_runtime(**runtime: Any) -> dict[str, Any]:
+    doc = unit_profile(4).to_json()
+    doc["runtime"] = {"op_overhead_ms": 0.0, "message_overhead_ms": 0.0, **runtime}
+    return doc
+
+
+def test_v21_terms_round_trip() -> None:
+    doc = _with_runtime(message_overhead_ms_per_mib=0.25, stage_scale=[[1, 1.0], [3, 1.5]],
+                        ranges=[{"lo": 2, "hi": 4, "scale": 0.9}])  # fmt: skip
+    profile = profile_from_json(doc)
+    assert profile.runtime == RuntimeCosts(message_overhead_ms_per_mib=0.25, stage_scale=((1, 1.0), (3, 1.5)),
+                                           ranges=((2, 4, 0.9),))  # fmt: skip
+    assert profile_from_json(profile.to_json()) == profile
+
+
+def test_a_v2_profile_stays_v2_when_saved() -> None:
+    """Without the 2.1 terms nothing new is written, so older readers keep reading it."""
+    out = profile_from_json(_with_runtime(op_overhead_ms=0.1)).to_json()["runtime"]
+    assert set(out) == {"op_overhead_ms", "message_overhead_ms"}
+
+
+@pytest.mark.parametrize(("runtime", "match"), [
+    ({"stage_scale": [[2, 1.0], [2, 1.1]]}, r"k = 2 after k = 2; list the layer counts k strictly ascending"),
+    ({"stage_scale": [[3, 1.0], [1, 1.1]]}, r"strictly ascending"),
+    ({"stage_scale": [[0, 1.0]]}, r"stage_scale\[0\]\[0\] = 0 must be between 1"),
+    ({"stage_scale": [[1, 0.0]]}, r"stage_scale\[0\]\[1\] must be positive"),
+    ({"stage_scale": [[1, -1.0]]}, r"must be positive"),
+    ({"stage_scale": []}, r"non-empty list of \[k, s\] pairs"),
+    ({"stage_scale": [[1, 1.0, 2.0]]}, r"must be a \[k, s\] pair"),
+    ({"ranges": [{"lo": 0, "hi": 5, "scale": 1.0}]}, r"\[0, 5\) is not a layer range of this 4-layer model"),
+    ({"ranges": [{"lo": 2, "hi": 2, "scale": 1.0}]}, r"is not a layer range"),
+    ({"ranges": [{"lo": 0, "hi": 2, "scale": 0}]}, r"ranges\[0\].scale must be positive"),
+    ({"ranges": [{"lo": 0, "hi": 2, "scale": 1.0}, {"lo": 0, "hi": 2, "scale": 1.1}]},
+     r"ranges\[1\] repeats the range \[0, 2\) of runtime.ranges\[0\]"),
+    ({"ranges": [{"lo": 0, "hi": 2}]}, r"missing field runtime.ranges\[0\].'scale'"),
+    ({"ranges": [{"lo": 0, "hi": 2, "scale": 1.0, "sclae": 2}]}, r"unknown field"),
+    ({"message_overhead_ms_per_mib": -0.1}, r"message_overhead_ms_per_mib must be non-negative"),
+    ({"message_overhead_ms_per_mib": float("nan")}, r"must be finite"),
+    ({"stage_scael": [[1, 1.0]]}, r"did you mean 'stage_scale'"),
+])  # fmt: skip
+def test_bad_v21_terms_are_one_line(runtime: dict[str, Any], match: str) -> None:
+    with pytest.raises(ProfileError, match=match) as info:
+        profile_from_json(_with_runtime(**runtime))
+    assert "\n" not in str(info.value)
