@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import random
 from collections.abc import Sequence
+from typing import Any
 
 from hypothesis import strategies as st
 
