@@ -15,7 +15,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,examples]'
-	$(BIN)/python -m umsearch.search.warmup
+	$(BIN)/python -m umsearch.search.precompile
 	touch $(STAMP)
 
 demo: $(STAMP)

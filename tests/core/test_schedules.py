@@ -386,10 +386,6 @@ def test_warmup_rule_matches_its_definition(
             ran += 1
         else:
             assert cf[ran] >= cb[a.mb + 1]
-    # While v1's implementation still exists, the two agree (callers switch over unchanged).
-    op_order = getattr(samples, "op_order", None)
-    if op_order is not None:
-        assert [(a.kind, a.mb) for a in got] == op_order(forward, backward, warmup)
 
 
 def test_warmup_rule_unequal_example() -> None:

@@ -9,8 +9,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from umsearch.core.samples import all_overlaps
-from umsearch.core.samples import chunk_overlaps as pieces
 from umsearch.runtime.messages import assemble, releases
+
+
+def pieces(sender: list[int], receiver: list[int], index: int) -> list[tuple[int, int, int]]:
+    """:func:`all_overlaps` of one receiver microbatch, sample by sample: the naive oracle."""
+    owner = [m for m, n in enumerate(sender) for _ in range(n)]
+    lo = sum(receiver[:index])
+    out: list[tuple[int, int, int]] = []
+    for s in range(lo, lo + receiver[index]):
+        m = owner[s]
+        if out and out[-1][0] == m:
+            out[-1] = (m, out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((m, s - sum(sender[:m]), 1))
+    return out
+
+
+def test_all_overlaps_equals_the_naive_oracle() -> None:
+    for sender, receiver in [([4, 8], [3, 3, 6]), ([1, 1, 10], [12]), ([12], [2, 4, 6]), ([5, 7], [5, 7])]:
+        assert all_overlaps(sender, receiver) == [pieces(sender, receiver, i) for i in range(len(receiver))]
 
 
 def test_pieces_split_and_join() -> None:

@@ -1,4 +1,4 @@
-"""``python -m umsearch.search.warmup``: compile the search's numba kernels once, at install time.
+"""``python -m umsearch.search.precompile``: compile the search's numba kernels once, at install time.
 
 The kernels are cached on disk (``cache=True``), so the first ``umsearch
 search`` after install does not spend its time budget compiling (about 20 s
