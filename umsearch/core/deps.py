@@ -50,12 +50,12 @@ class Dependencies:
 
     def producers(self, a: Action) -> list[Action]:
         """The actions on earlier stages whose outputs ``a`` needs (its own rank's order aside)."""
-        if a.kind == "F":
-            return [Action(a.stage - 1, "F", i) for i in (self.forward_sources[a.stage][a.mb] if a.stage else ())]
-        if a.kind == "W" or a.stage == self.plan.num_stages - 1:
+        src = a.source(self.plan.num_stages)
+        if src is None:
             return []
-        nxt = a.stage + 1
-        return [Action(nxt, self.gradient_kind[nxt][i], i) for i in self.gradient_sources[a.stage][a.mb]]  # type: ignore[arg-type]
+        if a.kind == "F":
+            return [Action(src, "F", i) for i in self.forward_sources[a.stage][a.mb]]
+        return [Action(src, self.gradient_kind[src][i], i) for i in self.gradient_sources[a.stage][a.mb]]  # type: ignore[arg-type]
 
 
 def find_deadlock(plan: Plan) -> tuple[str, ...]:

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from umsearch.core.actions import KIND_CODE
 from umsearch.core.cost import CostTables
 from umsearch.core.plan import equal_split
 from umsearch.core.schedules import PEER_SCHEDULES, PeerSchedule, warmup_rule
@@ -31,7 +30,7 @@ from umsearch.search.genome import Rules
 from umsearch.search.partition import Cuts, all_cuts, count_cuts, descend, stage_cuts
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
-from umsearch.sim.batch import ArrayPlan, action_code
+from umsearch.sim.batch import ArrayPlan
 
 Stop = Callable[[], bool]
 """Asked between steps: True once the baselines' share of the time budget is spent."""
@@ -68,7 +67,7 @@ def _template(peer: PeerSchedule, rules: Rules, v: int, m: int) -> ArrayPlan:
     R, S = rules.ranks, rules.ranks * v
     split = np.tile(np.asarray(equal_split(rules.batch, m), dtype=np.int64), S)
     acts = peer.generate(R, v, m)
-    codes = np.array([action_code(a.stage, KIND_CODE[a.kind], a.mb) for r in acts for a in r], dtype=np.int64)
+    codes = np.array([a.code for r in acts for a in r], dtype=np.int64)
     return ArrayPlan(batch=rules.batch, ranks=R, cuts=np.arange(S + 1, dtype=np.int64),
                      rank=np.asarray(peer.stage_ranks(R, v), dtype=np.int64), recompute=np.zeros(S, dtype=np.bool_),
                      fwd=split, fwd_len=np.full(S, m, dtype=np.int64), bwd=split, bwd_len=np.full(S, m, dtype=np.int64),
@@ -193,7 +192,7 @@ def greedy_baseline(rules: Rules, score: Scorer, tables: CostTables, cuts: Seque
     lens = np.array([len(f) for f in lists], dtype=np.int64)
     ap = ArrayPlan(batch=rules.batch, ranks=R, cuts=np.asarray(cuts, dtype=np.int64), rank=np.arange(R, dtype=np.int64),
                    recompute=np.zeros(R, dtype=np.bool_), fwd=flat, fwd_len=lens, bwd=flat, bwd_len=lens,
-                   act=np.array([action_code(a.stage, KIND_CODE[a.kind], a.mb) for r in acts for a in r], dtype=np.int64),
+                   act=np.array([a.code for r in acts for a in r], dtype=np.int64),
                    act_len=np.array([len(a) for a in acts], dtype=np.int64))  # fmt: skip
     s = score.scored_plan(ap, "local greedy", "each stage at its best per-sample size, 1F1B order")
     return s if np.isfinite(s.iteration_ms) and s.max_memory <= score.memory_limit else None

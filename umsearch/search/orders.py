@@ -34,15 +34,17 @@ import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, njit, prange
 
+from umsearch.core.actions import F, I, W
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
-from umsearch.sim.batch import ArrayPlan
+from umsearch.sim.batch import ArrayPlan, offsets
 from umsearch.sim.kernels import (
+    action_code,
     finish,
+    link_producers,
     memory_step,
     needed_ms,
     ready_at,
-    spans,
 )
 
 IntArray = npt.NDArray[np.int64]
@@ -56,6 +58,21 @@ POLICIES = {
     4: "forwards first (deepest stage first) while the caps allow, then backwards, deepest first",
 }
 """How a rank picks among its ready actions (the genome's per-rank ``policy``)."""
+
+
+# The generator's state, one row per quantity (numba reads these as compile-time constants).
+F_NEXT, B_NEXT, W_NEXT, FORWARDED, BACKWARDED, FORCE = range(6)
+"""``ints[row, j]``, per local stage j: its next forward, backward and ``W`` index; samples forwarded
+and back-propagated; 1 while its next forward may pass the caps (a relaxation)."""
+STAGE_ROWS = 6
+WRITTEN, PENDING_W, WAITING, LOCAL = range(4)
+"""``rint[row, r]``, per rank r: actions written; ``I`` whose ``W`` waits; 1 while it waits for a
+delivery; where its local stages start in ``local`` (``LOCAL`` has R + 1 entries)."""
+RANK_INT_ROWS = 4
+DECIDE_AT, LAST_END, LEVEL, BUDGET, WAITED_AT = range(5)
+"""``rflt[row, r]``, per rank r: when it decides next; when its last action ended; its activation
+level; its activation budget under the memory limit; when it began to wait."""
+RANK_FLOAT_ROWS = 5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,13 +102,6 @@ class PackedGenomes:
         return int(self.stage_ptr.shape[0]) - 1
 
 
-def _ptr(lengths: npt.ArrayLike) -> IntArray:
-    arr = np.asarray(lengths, dtype=np.int64)
-    out = np.zeros(arr.shape[0] + 1, dtype=np.int64)
-    np.cumsum(arr, out=out[1:])
-    return out
-
-
 def pack_genomes(genomes: Sequence[Genome], rules: Rules) -> PackedGenomes:
     """Flatten (valid) genomes for :func:`generate`."""
     ranks = [np.asarray(rules.placement_of(g.v, g.placement), dtype=np.int64) for g in genomes]
@@ -101,7 +111,7 @@ def pack_genomes(genomes: Sequence[Genome], rules: Rules) -> PackedGenomes:
     rank = np.concatenate(ranks)
     # Actions per rank: every forward, and every backward as B or as I and W.
     per_stage = fwd_len + bwd_len * (1 + split)
-    offsets = _ptr([len(r) for r in ranks])
+    stage_ptr = offsets([len(r) for r in ranks])
     R = rules.ranks
     per_rank = np.zeros(len(genomes) * R, dtype=np.int64)
     cand = np.repeat(np.arange(len(genomes)), [len(r) for r in ranks])
@@ -111,15 +121,15 @@ def pack_genomes(genomes: Sequence[Genome], rules: Rules) -> PackedGenomes:
     fwd = np.fromiter(chain(chain(g.forward for g in genomes)), dtype=np.int64, count=int(fwd_len.sum()))
     bwd = np.fromiter(chain(chain(g.backward for g in genomes)), dtype=np.int64, count=int(bwd_len.sum()))
     return PackedGenomes(
-        stage_ptr=offsets, lo=np.concatenate([c[:-1] for c in cuts]), hi=np.concatenate([c[1:] for c in cuts]),
+        stage_ptr=stage_ptr, lo=np.concatenate([c[:-1] for c in cuts]), hi=np.concatenate([c[1:] for c in cuts]),
         rank=rank, recompute=np.fromiter((r for g in genomes for r in g.recompute), dtype=np.bool_),
         split=split, cap=np.fromiter((c for g in genomes for c in g.cap), dtype=np.int64),
-        fwd=fwd, fwd_ptr=_ptr(fwd_len), bwd=bwd, bwd_ptr=_ptr(bwd_len),
+        fwd=fwd, fwd_ptr=offsets(fwd_len), bwd=bwd, bwd_ptr=offsets(bwd_len),
         rank_ptr=np.arange(len(genomes) + 1, dtype=np.int64) * R,
         rank_cap=np.fromiter((c for g in genomes for c in g.rank_cap), dtype=np.int64),
         w_cap=np.fromiter((c for g in genomes for c in g.w_cap), dtype=np.int64),
         policy=np.fromiter((d for g in genomes for d in g.policy), dtype=np.int64),
-        act_ptr=_ptr(per_rank),
+        act_ptr=offsets(per_rank),
     )  # fmt: skip
 
 
@@ -128,7 +138,7 @@ class Generated:
     """The generator's output: every rank's actions and what the iteration costs."""
 
     act: IntArray
-    """Flat action codes (:func:`umsearch.sim.batch.action_code`); rank g's are ``act[act_ptr[g]:act_ptr[g+1]]``."""
+    """Flat action codes (:func:`umsearch.core.actions.action_code`); rank g's are ``act[act_ptr[g]:act_ptr[g+1]]``."""
     iteration_ms: FloatArray
     """(N,) iteration time (``inf`` if generation failed, which it never should)."""
     max_memory_bytes: FloatArray
@@ -198,13 +208,13 @@ def _generate_all(  # type: ignore[no-untyped-def]
         max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
         max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0])
     for blk in prange(blocks):
-        ints = np.empty((6, max_g), np.int64)  # per stage: fnext, bnext, wnext, samples forwarded / back, force
+        ints = np.empty((STAGE_ROWS, max_g), np.int64)
         dep_lo = np.empty(max_s, np.int64)
         dep_hi = np.empty(max_s, np.int64)
         deliv = np.empty(max_s)
         link = np.empty((max_r, max_r))
-        rint = np.empty((4, max_r + 1), np.int64)  # per rank: written, pending W, waiting, local-stage offset
-        rflt = np.empty((5, max_r))  # per rank: decision time, end of last action, activation level, budget, tried
+        rint = np.empty((RANK_INT_ROWS, max_r + 1), np.int64)
+        rflt = np.empty((RANK_FLOAT_ROWS, max_r))
         local = np.empty(max_g, np.int64)
         for c in range(blk * n // blocks, (blk + 1) * n // blocks):
             ok = _generate_one(c, stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr,
@@ -215,7 +225,7 @@ def _generate_all(  # type: ignore[no-untyped-def]
                                rflt, local)  # fmt: skip
             last = peak = 0.0
             for q in range(rank_ptr[c], rank_ptr[c + 1]):
-                last = max(last, rflt[1, q - rank_ptr[c]])
+                last = max(last, rflt[LAST_END, q - rank_ptr[c]])
                 peak = max(peak, mem[q])
             it[c] = last if ok else np.inf
             top[c] = peak if ok else np.inf
@@ -225,8 +235,8 @@ def _generate_all(  # type: ignore[no-untyped-def]
 def _backward_at(g, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base):  # type: ignore[no-untyped-def]
     """When stage g's next backward can start: its inputs' arrival, -1 while they are not all sent,
     -2 if it is no candidate (none left, or its forwards have not all run)."""
-    k = ints[1, g]
-    if k >= bwd_ptr[s0 + g + 1] - bwd_ptr[s0 + g] or ints[3, g] < ints[4, g] + bwd[bwd_ptr[s0 + g] + k]:
+    k = ints[B_NEXT, g]
+    if k >= bwd_ptr[s0 + g + 1] - bwd_ptr[s0 + g] or ints[FORWARDED, g] < ints[BACKWARDED, g] + bwd[bwd_ptr[s0 + g] + k]:
         return -2.0
     if g == S - 1:
         return 0.0
@@ -237,7 +247,7 @@ def _backward_at(g, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_bas
 @njit(cache=True)
 def _forward_at(g, s0, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base):  # type: ignore[no-untyped-def]
     """When stage g's next forward can start (as :func:`_backward_at`; caps not applied)."""
-    k = ints[0, g]
+    k = ints[F_NEXT, g]
     if k >= fwd_ptr[s0 + g + 1] - fwd_ptr[s0 + g]:
         return -2.0
     if g == 0:
@@ -251,7 +261,7 @@ def _pending_w(first, last, local, ints, split, s0):  # type: ignore[no-untyped-
     """The deepest local stage with a weight gradient waiting, or -1."""
     for i in range(last - 1, first - 1, -1):
         g = local[i]
-        if ints[2, g] < ints[1, g] and split[s0 + g]:
+        if ints[W_NEXT, g] < ints[B_NEXT, g] and split[s0 + g]:
             return g
     return -1
 
@@ -262,12 +272,12 @@ def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr
     """Rank r's choice at ``now`` by its policy (see :data:`POLICIES`): ``(stage, kind, _)``, or
     ``(-1, -1, t)`` with t the ready time of the earliest candidate only waiting for an input (inf:
     none known yet)."""
-    first, last = rint[3, r], rint[3, r + 1]
+    first, last = rint[LOCAL, r], rint[LOCAL, r + 1]
     wake = np.inf
     held = 0
     for i in range(first, last):
-        held += ints[3, local[i]] - ints[4, local[i]]
-    if rint[1, r] >= w_cap and rint[1, r] > 0:  # too many weight gradients wait
+        held += ints[FORWARDED, local[i]] - ints[BACKWARDED, local[i]]
+    if rint[PENDING_W, r] >= w_cap and rint[PENDING_W, r] > 0:  # too many weight gradients wait
         return _pending_w(first, last, local, ints, split, s0), 3, now
     n = last - first
     # Policies 0/1 sweep backwards then forwards, 3/4 forwards then backwards, 2 both per stage.
@@ -290,14 +300,42 @@ def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr
                 if d > now:
                     wake = min(wake, d)
                 elif d >= 0.0:
-                    size = fwd[fwd_ptr[s0 + g] + ints[0, g]]
-                    if ints[5, g] or held == 0 or (ints[3, g] - ints[4, g] < cap[s0 + g] and held < rank_cap
+                    size = fwd[fwd_ptr[s0 + g] + ints[F_NEXT, g]]
+                    if ints[FORCE, g] or held == 0 or (ints[FORWARDED, g] - ints[BACKWARDED, g] < cap[s0 + g] and held < rank_cap
                                                    and level + stash_in[g] * size <= budget):  # fmt: skip
                         return g, 0, now
     g = _pending_w(first, last, local, ints, split, s0)  # weight gradients fill the gap
     if g >= 0:
         return g, 3, now
     return -1, -1, wake
+
+
+@njit(cache=True)
+def _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param_prefix, input_bytes, state_factor,  # type: ignore[no-untyped-def]
+           memory_limit, n_slots, deliv, local, ints, rint, rflt, stash_in, mem, busy, link):  # fmt: skip
+    """Reset the state for one candidate: nothing delivered, every rank's local stages (ascending,
+    ``local[rint[LOCAL, r] : rint[LOCAL, r + 1]]``), its budget under the memory limit, and what a
+    forward of each stage adds per sample."""
+    deliv[:n_slots] = -1.0
+    n_loc = 0
+    for r in range(R):
+        rint[LOCAL, r] = n_loc
+        state = 0.0
+        for g in range(S):
+            if rank[s0 + g] == r:
+                local[n_loc] = g
+                n_loc += 1
+                state += state_factor * (param_prefix[hi[s0 + g]] - param_prefix[lo[s0 + g]])
+        rint[WRITTEN, r], rint[PENDING_W, r], rint[WAITING, r] = 0, 0, 0
+        rflt[DECIDE_AT, r], rflt[LAST_END, r], rflt[LEVEL, r], rflt[WAITED_AT, r] = 0.0, 0.0, 0.0, 0.0
+        rflt[BUDGET, r] = memory_limit - state
+        mem[r0 + r], busy[r0 + r] = 0.0, 0.0
+    rint[LOCAL, R] = n_loc
+    link[:R, :R] = 0.0
+    for g in range(S):
+        gg = s0 + g
+        stash_in[g] = memory_step(0, recompute[gg], 1, lo[gg], hi[gg], input_bytes, out_bytes, stash_prefix)[0]
+        ints[:, g] = 0
 
 
 @njit(cache=True)
@@ -313,97 +351,54 @@ def _generate_one(  # type: ignore[no-untyped-def]
     R = r1 - r0
     f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
     n_f = fwd_ptr[s1] - f_base
-    for g in range(s0, s1):
-        if g > s0:
-            o = fwd_ptr[g] - f_base
-            spans(fwd, fwd_ptr[g - 1], fwd_ptr[g], fwd, fwd_ptr[g], fwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
-        if g < s1 - 1:
-            o = n_f + bwd_ptr[g] - b_base
-            spans(bwd, bwd_ptr[g + 1], bwd_ptr[g + 2], bwd, bwd_ptr[g], bwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
-    for i in range(n_f + bwd_ptr[s1] - b_base):
-        deliv[i] = -1.0
-    # Local stages of each rank, ascending: local[rint[3, r] : rint[3, r + 1]].
-    n_loc = 0
-    for r in range(R):
-        rint[3, r] = n_loc
-        for g in range(S):
-            if rank[s0 + g] == r:
-                local[n_loc] = g
-                n_loc += 1
-    rint[3, R] = n_loc
-    stash_in = np.empty(S)  # bytes a forward adds per sample (its stash, or its input when recomputing)
-    for g in range(S):
-        st = stash_prefix[hi[s0 + g]] - stash_prefix[lo[s0 + g]]
-        inp = input_bytes if lo[s0 + g] == 0 else out_bytes[lo[s0 + g] - 1]
-        stash_in[g] = inp if recompute[s0 + g] else st
-        for q in range(6):
-            ints[q, g] = 0
-    for r in range(R):
-        rint[0, r] = 0
-        rint[1, r] = 0
-        rint[2, r] = 0
-        state = 0.0
-        for i in range(rint[3, r], rint[3, r + 1]):
-            g = local[i]
-            state += state_factor * (param_prefix[hi[s0 + g]] - param_prefix[lo[s0 + g]])
-        rflt[0, r] = 0.0
-        rflt[1, r] = 0.0
-        rflt[2, r] = 0.0
-        rflt[3, r] = memory_limit - state
-        rflt[4, r] = 0.0
-        mem[r0 + r] = 0.0
-        busy[r0 + r] = 0.0
-        for q in range(R):
-            link[r, q] = 0.0
+    link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
+    stash_in = np.empty(S)  # bytes a forward adds per sample (MODEL.md 5)
+    _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param_prefix, input_bytes, state_factor,
+           memory_limit, n_f + bwd_ptr[s1] - b_base, deliv, local, ints, rint, rflt, stash_in, mem, busy, link)  # fmt: skip
     remaining = act_ptr[r1] - act_ptr[r0]
     while remaining > 0:
-        r = -1
-        best = np.inf
-        for q in range(R):
-            if rint[0, q] < act_ptr[r0 + q + 1] - act_ptr[r0 + q] and rflt[0, q] < best:
-                best = rflt[0, q]
-                r = q
-        if r < 0:
+        r = _next_rank(rint, rflt, act_ptr, r0, R)
+        if r < 0:  # every rank waits on a cap and nothing is on its way
             r, g = _relax(s0, S, R, rint, rflt, local, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base, act_ptr, r0)
             if r < 0:
                 return False
             relaxed[c] += 1
-            ints[5, g] = 1
-            rint[2, r] = 0
-            rflt[0, r] = rflt[4, r]
+            ints[FORCE, g] = 1
+            rint[WAITING, r] = 0
+            rflt[DECIDE_AT, r] = rflt[WAITED_AT, r]
             continue
-        now = rflt[0, r]
+        now = rflt[DECIDE_AT, r]
         g, kind, wake = _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr, dep_lo, dep_hi,
                              deliv, n_f, f_base, b_base, now, rank_cap[r0 + r], w_cap[r0 + r], policy[r0 + r], cap,
-                             rflt[2, r], rflt[3, r], stash_in)  # fmt: skip
+                             rflt[LEVEL, r], rflt[BUDGET, r], stash_in)  # fmt: skip
         if g < 0:
-            rint[2, r] = 1  # waiting: a delivery to this rank wakes it
-            rflt[4, r] = now
-            rflt[0, r] = wake
+            rint[WAITING, r] = 1  # waiting: a delivery to this rank wakes it
+            rflt[WAITED_AT, r] = now
+            rflt[DECIDE_AT, r] = wake
             continue
         # Run the chosen action: the timing of MODEL.md section 4, as in the evaluator.
         gg = s0 + g
         if kind == 0:
-            k = ints[0, g]
+            k = ints[F_NEXT, g]
             size = fwd[fwd_ptr[gg] + k]
             slot = fwd_ptr[gg] - f_base + k
             producers = fwd_ptr[gg - 1] - f_base if g > 0 else -1
             cross = g > 0 and rank[gg - 1] != rank[gg]
             sizes, size_base, edge = fwd, fwd_ptr[gg - 1], lo[gg] - 1
         elif kind == 3:
-            k = ints[2, g]
+            k = ints[W_NEXT, g]
             size = bwd[bwd_ptr[gg] + k]
             slot = producers = -1
             cross = False
             sizes, size_base, edge = bwd, 0, 0
         else:
-            k = ints[1, g]
+            k = ints[B_NEXT, g]
             size = bwd[bwd_ptr[gg] + k]
             slot = n_f + bwd_ptr[gg] - b_base + k
             producers = n_f + bwd_ptr[gg + 1] - b_base if g < S - 1 else -1
             cross = producers >= 0 and rank[gg + 1] != rank[gg]
             sizes, size_base, edge = bwd, bwd_ptr[gg + 1], hi[gg] - 1
-        start = rflt[1, r]
+        start = rflt[LAST_END, r]
         need = 0.0
         if producers >= 0:
             start = max(start, ready_at(deliv, producers, dep_lo[slot], dep_hi[slot]))
@@ -416,35 +411,53 @@ def _generate_one(  # type: ignore[no-untyped-def]
         if to >= 0:
             deliv[slot] = arrival
             dst = rank[to]
-            if rint[2, dst]:  # wake a waiting consumer, no earlier than its own last end
-                rflt[0, dst] = min(rflt[0, dst], max(arrival, rflt[1, dst]))
+            if rint[WAITING, dst]:  # wake a waiting consumer, no earlier than its own last end
+                rflt[DECIDE_AT, dst] = min(rflt[DECIDE_AT, dst], max(arrival, rflt[LAST_END, dst]))
         add, rel = memory_step(kind, recompute[gg], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
-        rflt[2, r] += add
-        mem[r0 + r] = max(mem[r0 + r], rflt[2, r])
-        rflt[2, r] -= rel
+        rflt[LEVEL, r] += add
+        mem[r0 + r] = max(mem[r0 + r], rflt[LEVEL, r])
+        rflt[LEVEL, r] -= rel
         busy[r0 + r] += end - start
-        rflt[0, r] = rflt[1, r] = end
-        rint[2, r] = 0
-        act[act_ptr[r0 + r] + rint[0, r]] = (k << 12) | (g << 2) | kind
-        rint[0, r] += 1
+        rflt[DECIDE_AT, r] = rflt[LAST_END, r] = end
+        rint[WAITING, r] = 0
+        act[act_ptr[r0 + r] + rint[WRITTEN, r]] = action_code(g, kind, k)
+        rint[WRITTEN, r] += 1
         remaining -= 1
-        if kind == 0:
-            ints[0, g] += 1
-            ints[3, g] += size
-            ints[5, g] = 0
-        elif kind == 3:
-            ints[2, g] += 1
-            rint[1, r] -= 1
-        else:
-            ints[1, g] += 1
-            ints[4, g] += size
-            if kind == 2:
-                rint[1, r] += 1
+        _advance(ints, rint, g, r, kind, size)
     for r in range(R):
-        for i in range(rint[3, r], rint[3, r + 1]):
+        for i in range(rint[LOCAL, r], rint[LOCAL, r + 1]):
             g = local[i]
             mem[r0 + r] += state_factor * (param_prefix[hi[s0 + g]] - param_prefix[lo[s0 + g]])
     return True
+
+
+@njit(cache=True)
+def _next_rank(rint, rflt, act_ptr, r0, R):  # type: ignore[no-untyped-def]
+    """The unfinished rank that decides earliest (-1: every rank waits with nothing on its way)."""
+    r = -1
+    best = np.inf
+    for q in range(R):
+        if rint[WRITTEN, q] < act_ptr[r0 + q + 1] - act_ptr[r0 + q] and rflt[DECIDE_AT, q] < best:
+            best = rflt[DECIDE_AT, q]
+            r = q
+    return r
+
+
+@njit(cache=True)
+def _advance(ints, rint, g, r, kind, size):  # type: ignore[no-untyped-def]
+    """The counters after rank r ran a ``kind`` of local stage g on ``size`` samples."""
+    if kind == F:
+        ints[F_NEXT, g] += 1
+        ints[FORWARDED, g] += size
+        ints[FORCE, g] = 0
+    elif kind == W:
+        ints[W_NEXT, g] += 1
+        rint[PENDING_W, r] -= 1
+    else:
+        ints[B_NEXT, g] += 1
+        ints[BACKWARDED, g] += size
+        if kind == I:
+            rint[PENDING_W, r] += 1
 
 
 @njit(cache=True)
@@ -454,19 +467,19 @@ def _relax(s0, S, R, rint, rflt, local, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_
     best_r = best_g = -1
     best_t = np.inf
     for r in range(R):
-        if rint[0, r] >= act_ptr[r0 + r + 1] - act_ptr[r0 + r]:
+        if rint[WRITTEN, r] >= act_ptr[r0 + r + 1] - act_ptr[r0 + r]:
             continue
-        for i in range(rint[3, r], rint[3, r + 1]):
+        for i in range(rint[LOCAL, r], rint[LOCAL, r + 1]):
             g = local[i]
-            k = ints[0, g]
+            k = ints[F_NEXT, g]
             if k >= fwd_ptr[s0 + g + 1] - fwd_ptr[s0 + g]:
                 continue
             d = 0.0
             if g > 0:
                 slot = fwd_ptr[s0 + g] - f_base + k
                 d = ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
-            if d >= 0.0 and max(d, rflt[1, r]) < best_t:
-                best_t, best_r, best_g = max(d, rflt[1, r]), r, g
+            if d >= 0.0 and max(d, rflt[LAST_END, r]) < best_t:
+                best_t, best_r, best_g = max(d, rflt[LAST_END, r]), r, g
     if best_r >= 0:
-        rflt[4, best_r] = best_t
+        rflt[WAITED_AT, best_r] = best_t
     return best_r, best_g

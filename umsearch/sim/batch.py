@@ -15,8 +15,8 @@ rules are the shared kernels of :mod:`umsearch.sim.kernels`.
 Candidates travel as :class:`ArrayPlan`: a few flat numpy arrays per plan,
 no Python object per action, so packing a population is a handful of
 concatenations. :func:`encode` turns a :class:`~umsearch.core.plan.Plan`
-into one and :func:`decode` turns one back. An action is one int64 code,
-``mb << 12 | stage << 2 | kind`` (kinds ``F B I W`` are 0..3).
+into one and :func:`decode` turns one back. An action is one int64 code
+(:func:`umsearch.core.actions.action_code`).
 """
 
 from __future__ import annotations
@@ -28,33 +28,30 @@ import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, njit, prange
 
-from umsearch.core.actions import KIND_CODE, KINDS, Action
+from umsearch.core.actions import MAX_STAGES, Action
 from umsearch.core.cost import CostTables
+from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, Stage
 from umsearch.sim.kernels import (
+    code_kind,
+    code_mb,
+    code_stage,
     finish,
+    link_producers,
     memory_step,
     needed_ms,
     ready_at,
-    spans,
 )
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
-MAX_STAGES = 1024
-"""Stages an action code can name (10 bits)."""
-
-
-def action_code(stage: int, kind: int, mb: int) -> int:
-    """The int64 code of one action (``kind`` as in :data:`umsearch.core.actions.KIND_CODE`)."""
-    return (mb << 12) | (stage << 2) | kind
-
-
-def _ptr(lengths: Sequence[int] | IntArray) -> IntArray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
+def offsets(lengths: npt.ArrayLike) -> IntArray:
+    """CSR offsets of consecutive runs of the given lengths: ``[0, l0, l0 + l1, ...]``."""
+    arr = np.asarray(lengths, dtype=np.int64)
+    out = np.zeros(arr.shape[0] + 1, dtype=np.int64)
+    np.cumsum(arr, out=out[1:])
     return out
 
 
@@ -91,9 +88,11 @@ class ArrayPlan:
 
 
 def encode(plan: Plan) -> ArrayPlan:
-    """The arrays of a (valid) plan."""
+    """The arrays of a (valid) plan; raises PlanError for more stages than an action code can name."""
     st = plan.stages
-    codes = [action_code(a.stage, KIND_CODE[a.kind], a.mb) for acts in plan.actions for a in acts]
+    if len(st) > MAX_STAGES:
+        raise PlanError(f"the plan has {len(st)} stages; the evaluator codes at most {MAX_STAGES}: use fewer stages")
+    codes = [a.code for acts in plan.actions for a in acts]
     return ArrayPlan(
         batch=plan.global_batch, ranks=plan.ranks,
         cuts=np.array([s.lo for s in st] + [st[-1].hi], dtype=np.int64),
@@ -109,7 +108,7 @@ def encode(plan: Plan) -> ArrayPlan:
 
 def decode(ap: ArrayPlan) -> Plan:
     """The :class:`~umsearch.core.plan.Plan` of an array plan (not validated here)."""
-    fp, bp, ap_ = _ptr(ap.fwd_len), _ptr(ap.bwd_len), _ptr(ap.act_len)
+    fp, bp, ap_ = offsets(ap.fwd_len), offsets(ap.bwd_len), offsets(ap.act_len)
     fwd, bwd, act = ap.fwd.tolist(), ap.bwd.tolist(), ap.act.tolist()
     stages = tuple(
         Stage(layers=(int(ap.cuts[j]), int(ap.cuts[j + 1])), rank=int(ap.rank[j]),
@@ -118,7 +117,7 @@ def decode(ap: ArrayPlan) -> Plan:
         for j in range(ap.stages)
     )  # fmt: skip
     actions = tuple(
-        tuple(Action((c >> 2) & (MAX_STAGES - 1), KINDS[c & 3], c >> 12) for c in act[ap_[r] : ap_[r + 1]])
+        tuple(Action.from_code(c) for c in act[ap_[r] : ap_[r + 1]])
         for r in range(ap.ranks)
     )
     return Plan(global_batch=ap.batch, ranks=ap.ranks, stages=stages, actions=actions)
@@ -161,13 +160,13 @@ def pack(candidates: Sequence[ArrayPlan]) -> PackedPlans:
         raise ValueError("pack needs at least one candidate")
     cat = np.concatenate
     return PackedPlans(
-        stage_ptr=_ptr([c.stages for c in candidates]),
+        stage_ptr=offsets([c.stages for c in candidates]),
         lo=cat([c.cuts[:-1] for c in candidates]), hi=cat([c.cuts[1:] for c in candidates]),
         rank=cat([c.rank for c in candidates]), recompute=cat([c.recompute for c in candidates]),
-        fwd=cat([c.fwd for c in candidates]), fwd_ptr=_ptr(cat([c.fwd_len for c in candidates])),
-        bwd=cat([c.bwd for c in candidates]), bwd_ptr=_ptr(cat([c.bwd_len for c in candidates])),
-        rank_ptr=_ptr([c.ranks for c in candidates]),
-        act=cat([c.act for c in candidates]), act_ptr=_ptr(cat([c.act_len for c in candidates])),
+        fwd=cat([c.fwd for c in candidates]), fwd_ptr=offsets(cat([c.fwd_len for c in candidates])),
+        bwd=cat([c.bwd for c in candidates]), bwd_ptr=offsets(cat([c.bwd_len for c in candidates])),
+        rank_ptr=offsets([c.ranks for c in candidates]),
+        act=cat([c.act for c in candidates]), act_ptr=offsets(cat([c.act_len for c in candidates])),
     )  # fmt: skip
 
 
@@ -278,13 +277,7 @@ def _one(  # type: ignore[no-untyped-def]
     f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
     n_f = fwd_ptr[s1] - f_base
     n_slots = n_f + bwd_ptr[s1] - b_base
-    for g in range(s0, s1):
-        if g > s0:
-            o = fwd_ptr[g] - f_base
-            spans(fwd, fwd_ptr[g - 1], fwd_ptr[g], fwd, fwd_ptr[g], fwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
-        if g < s1 - 1:
-            o = n_f + bwd_ptr[g] - b_base
-            spans(bwd, bwd_ptr[g + 1], bwd_ptr[g + 2], bwd, bwd_ptr[g], bwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
+    link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
     for i in range(n_slots):
         deliv[i] = -1.0
         waiter[i] = -1
@@ -306,9 +299,9 @@ def _one(  # type: ignore[no-untyped-def]
         n_act = act_ptr[r0 + r + 1] - a0
         while pos[r] < n_act:
             code = act[a0 + pos[r]]
-            kind = code & 3
-            j = (code >> 2) & 1023
-            k = code >> 12
+            kind = code_kind(code)
+            j = code_stage(code)
+            k = code_mb(code)
             g = s0 + j
             l_lo, l_hi = lo[g], hi[g]
             start = clock[r]

@@ -7,12 +7,23 @@ The batch evaluator (:mod:`umsearch.sim.batch`) and the search's order
 generator (:mod:`umsearch.search.orders`) both time actions, ship messages and
 track memory; they do it through these functions, so the rules exist once in
 compiled form (the reference simulator is their plain-Python twin, and tests
-hold them equal). Kinds are 0 ``F``, 1 ``B``, 2 ``I``, 3 ``W``.
+hold them equal). Kinds are 0 ``F``, 1 ``B``, 2 ``I``, 3 ``W``; what each kind
+feeds and does to memory, and how an action is coded, are compiled from
+:mod:`umsearch.core.actions` itself, never restated here.
 """
 
 from __future__ import annotations
 
 from numba import njit
+
+from umsearch.core import actions
+from umsearch.core.actions import FEEDS
+
+action_code = njit(cache=True)(actions.action_code)
+code_kind = njit(cache=True)(actions.code_kind)
+code_stage = njit(cache=True)(actions.code_stage)
+code_mb = njit(cache=True)(actions.code_mb)
+memory_delta = njit(cache=True)(actions.memory_effect)
 
 
 @njit(cache=True)
@@ -50,25 +61,6 @@ def transfer_ms(size, edge, out_bytes, latency, ms_per_byte):  # type: ignore[no
 
 
 @njit(cache=True)
-def memory_delta(kind, rec, stash, inp):  # type: ignore[no-untyped-def]
-    """(bytes added before the peak is taken, bytes released after) of one action, MODEL.md 5;
-    ``stash`` and ``inp`` are the stage's per-sample bytes times the microbatch size."""
-    if rec:
-        if kind == 0:
-            return inp, 0.0
-        if kind == 1:
-            return stash, inp + stash
-        if kind == 2:
-            return stash, inp
-        return 0.0, stash
-    if kind == 0:
-        return stash, 0.0
-    if kind == 2:
-        return 0.0, 0.0
-    return 0.0, stash
-
-
-@njit(cache=True)
 def spans(sender, s0, s1, receiver, r0, r1, first, last):  # type: ignore[no-untyped-def]
     """For each receiver microbatch, the first and last sender microbatch holding its samples (one
     linear merge, as :func:`umsearch.core.samples.spans`)."""
@@ -86,6 +78,23 @@ def spans(sender, s0, s1, receiver, r0, r1, first, last):  # type: ignore[no-unt
         if end == stop and m + 1 < s1:
             m += 1
             end += sender[m]
+
+
+@njit(cache=True)
+def link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi):  # type: ignore[no-untyped-def]
+    """For the candidate of stages ``s0..s1-1``, fill ``dep_lo``/``dep_hi`` of every slot (forward k
+    of stage g is slot ``fwd_ptr[g] - fwd_ptr[s0] + k``, backward k slot ``n_f + bwd_ptr[g] -
+    bwd_ptr[s0] + k``, ``n_f`` its forward count) with the producer microbatches it reads: a forward
+    stage g-1's forwards, a backward stage g+1's backwards (MODEL.md 4)."""
+    f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
+    n_f = fwd_ptr[s1] - f_base
+    for g in range(s0, s1):
+        if g > s0:
+            o = fwd_ptr[g] - f_base
+            spans(fwd, fwd_ptr[g - 1], fwd_ptr[g], fwd, fwd_ptr[g], fwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
+        if g < s1 - 1:
+            o = n_f + bwd_ptr[g] - b_base
+            spans(bwd, bwd_ptr[g + 1], bwd_ptr[g + 2], bwd, bwd_ptr[g], bwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
 
 
 @njit(cache=True)
@@ -110,11 +119,8 @@ def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, scale, need_ms, rank,
     ``arrival`` when it is there; a cross-rank message takes the link ``link[r, rank[to]]`` after its
     previous message (updated here)."""
     dur = compute_ms(kind, size, l_lo, l_hi, rec, scale, times)
-    to = -1
-    if kind == 0 and j < S - 1:  # a forward feeds stage j+1, a B or I gradient stage j-1
-        to = g + 1
-    elif (kind == 1 or kind == 2) and j > 0:
-        to = g - 1
+    step = FEEDS[kind]
+    to = g + step if step != 0 and 0 <= j + step < S else -1
     sends = to >= 0 and rank[to] != rank[g]
     edge = l_hi - 1 if kind == 0 else l_lo - 1
     sent_ms = message_ms(1, size, out_bytes[edge], msg_oh, msg_per_byte) if sends else 0.0

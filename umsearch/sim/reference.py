@@ -35,12 +35,8 @@ class ActionTiming:
         return st.forward[a.mb] if a.kind == "F" else st.backward[a.mb]
 
     def consumer(self, a: Action) -> int | None:
-        """The stage that receives ``a``'s output: j+1 for a forward, j-1 for B/I, none otherwise."""
-        if a.kind == "F" and a.stage + 1 < self.plan.num_stages:
-            return a.stage + 1
-        if a.kind in ("B", "I") and a.stage > 0:
-            return a.stage - 1
-        return None
+        """The stage that receives ``a``'s output (:meth:`Action.consumer`)."""
+        return a.consumer(self.plan.num_stages)
 
     def cross_rank(self, a: Action, other: int) -> bool:
         return self.plan.stages[a.stage].rank != self.plan.stages[other].rank
@@ -87,12 +83,7 @@ def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:
     for a in plan.actions[r]:
         st = plan.stages[a.stage]
         n = st.forward[a.mb] if a.kind == "F" else st.backward[a.mb]
-        stash, inp = cost.stash_bytes(st.lo, st.hi) * n, cost.input_bytes_of(st.lo) * n
-        add, release = {
-            (False, "F"): (stash, 0.0), (False, "B"): (0.0, stash), (False, "I"): (0.0, 0.0),
-            (False, "W"): (0.0, stash), (True, "F"): (inp, 0.0), (True, "B"): (stash, inp + stash),
-            (True, "I"): (stash, inp), (True, "W"): (0.0, stash),
-        }[(st.recompute, a.kind)]  # fmt: skip
+        add, release = a.memory(st.recompute, cost.stash_bytes(st.lo, st.hi) * n, cost.input_bytes_of(st.lo) * n)
         level += add
         peak = max(peak, level)
         level -= release
