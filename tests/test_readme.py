@@ -67,3 +67,30 @@ def test_the_executor_example_runs_on_two_ranks(tmp_path: Path) -> None:
     code = _blocks("python")[1].replace("runs/gpt2r/plan.json", str(path))
     losses = launch(exec_on_rank, 2, (code,), LaunchConfig(threads=1, timeout_s=120))
     assert losses[0] is not None and losses[0] > 0  # ZBV: rank 0 holds the last stage
+
+
+def _section_commands(heading: str) -> list[str]:
+    """The ``umsearch`` lines of the first sh block under ``heading``, exactly as written (comments kept)."""
+    section = README.split(f"\n{heading}\n", 1)[1]
+    block = re.findall(r"```sh\n(.*?)```", section, flags=re.S)[0]
+    return [line for line in block.splitlines() if line.startswith("umsearch ")]
+
+
+@pytest.mark.slow
+def test_every_tour_command_runs_as_written(tmp_path: Path) -> None:
+    """The Tour and the torchtitan section, one line after the other, in bash, from a fresh folder holding
+    the bundled spaces (the tour's relative paths): each exits 0."""
+    import os
+    import shutil
+
+    shutil.copytree(ROOT / "search_spaces", tmp_path / "search_spaces")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+    lines = _section_commands("## Tour") + _section_commands("## Use a plan with torchtitan")
+    assert len(lines) >= 12
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=1800, check=False)  # fmt: skip
+        assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        assert "Traceback" not in done.stderr, line
+    assert (tmp_path / "runs" / "tt" / "torchtitan.toml").exists() and (tmp_path / "runs" / "csv").is_dir()

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from umsearch.cli.profile import profile_command
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import Link, profile_from_json
-from umsearch.nn.models import ModelSpec, build_model
 from umsearch.measure.profiler import saved_bytes
+from umsearch.nn.models import ModelSpec, build_model
 
 
 def test_linear_saves_its_input() -> None:
@@ -101,9 +101,16 @@ def test_zoo_split_batch_gradient_equals_full(name: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_profile(tmp_path: Path) -> None:
+    """No link flags: one GPU states the default preset (and says so), two or more measure NCCL."""
     res = CliRunner().invoke(profile_command, ["mlp", "--device", "cuda", "--sizes", "1,2", "--repeats", "1",
-                                               "--out", str(tmp_path / "p.json")])  # fmt: skip
+                                               "--dtype", "bf16", "--out", str(tmp_path / "p.json")])  # fmt: skip
     assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["device"].startswith("cuda: ") and doc["precision"] == "bf16"
+    assert doc["measurement"]["timing"].startswith("CUDA events")
+    assert doc["link_source"]["measured"] == (torch.cuda.device_count() >= 2)
+    if torch.cuda.device_count() < 2:
+        assert res.output.count("stated, not measured") == 1
 
 
 def test_cuda_without_gpu_is_a_clear_error() -> None:
@@ -195,7 +202,12 @@ class _AliveCounter(torch.nn.Linear):
         self.alive.add(key)
         self.most_alive = max(self.most_alive, len(self.alive))
         weakref.finalize(out, self.alive.discard, key)
-        out.register_hook(lambda g: setattr(self, "backwards", self.backwards + 1) or g)
+
+        def counted(g: torch.Tensor) -> torch.Tensor:
+            self.backwards += 1
+            return g
+
+        out.register_hook(counted)
         return out
 
 
@@ -251,8 +263,8 @@ def test_structurally_identical_layers_are_pooled() -> None:
 
 
 def test_a_profile_of_identical_blocks_gives_identical_estimates() -> None:
-    from umsearch.nn.models import ModelSpec, build_model
     from umsearch.measure.profiler import ProfileConfig, profile_model
+    from umsearch.nn.models import ModelSpec, build_model
 
     spec = ModelSpec.from_json({"source": "mlp", "args": {"layers": 4, "width": 32}})
     prof = profile_model(build_model(spec), spec, ProfileConfig(sizes=(1, 2, 4), repeats=3),
@@ -276,3 +288,42 @@ def test_the_verdict_tells_a_busy_machine_from_layers_that_vary_by_themselves() 
     assert word == "noisy" and "the machine is busy" in busy and "--repeats" in busy
     word, own = verdict(rows, cal, rounds=15, cpu_share=1.0, t=Thresholds())
     assert word == "noisy" and "busy" not in own and "100% of a CPU" in own and "good to about 10%" in own
+
+
+class _FakeEvent:
+    """Stands in for ``torch.cuda.Event``: records when it was recorded, in host syncs so far."""
+
+    log: list[tuple[str, int]] = []
+    syncs = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.at = -1
+
+    def record(self) -> None:
+        self.at = len(_FakeEvent.log)
+        _FakeEvent.log.append(("record", _FakeEvent.syncs))
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return float(end.at - self.at)
+
+
+def test_gpu_bursts_time_calls_back_to_back_without_host_syncs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA every call sits between two events and the host waits only before the burst and when it
+    reads the times: no sync between layers (the CPU path keeps one per call)."""
+    from umsearch.measure import burst as burst_module
+
+    def sync(device: torch.device) -> None:
+        _FakeEvent.syncs += 1
+
+    _FakeEvent.log, _FakeEvent.syncs = [], 0
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(burst_module, "_sync", sync)
+    unit = burst_module.Unit(module=torch.nn.Linear(4, 4), x=torch.randn(3, 4), y=torch.randn(3, 4),
+                             loss=torch.nn.functional.mse_loss, first=False, last=False)  # fmt: skip
+    got = burst_module.burst(unit, device=torch.device("cuda", 0), in_flight=4, split=True)
+    assert {q: len(v) for q, v in got.items()} == {"fwd": 4, "bwd": 2, "bwd_input": 2, "bwd_weight": 2}
+    assert len(_FakeEvent.log) == 2 * 10  # a start and an end event around every call
+    assert {syncs for _, syncs in _FakeEvent.log} == {1}  # every event recorded after the one sync before
+    assert _FakeEvent.syncs == 1 + 4  # ... and one per quantity when the times are read
+    assert all(t == 1.0 for ts in got.values() for t in ts)  # each interval spans exactly its own call

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.contract import warmup_plan
 from tests.strategies import uniform_profile
@@ -28,6 +31,7 @@ from umsearch.core.profile import file_sha256, save_profile
 from umsearch.runtime.config import LaunchConfig, ModelChoice, RunConfig
 from umsearch.runtime.factory import resolve_plan
 from umsearch.runtime.launch import RankFailure
+from umsearch.runtime.run import RunResult, StepResult
 
 MLP: dict[str, Any] = {"source": "mlp", "args": {"layers": 3, "width": 16}}
 LAYERS = 4  # three Linear+Tanh blocks and the classifier
@@ -95,7 +99,25 @@ def test_print_launch_for_several_nodes_is_one_line_for_all(tmp_path: Path) -> N
     assert shlex.split(other.stdout.strip().splitlines()[-1])[4] != words[4]
 
 
+def test_print_launch_quotes_every_word_the_user_gave(tmp_path: Path) -> None:
+    """Issue 24, finding 5: the line runs nothing of what it quotes when pasted into a shell."""
+    (tmp_path / "my plans").mkdir()
+    path = str(_plan(tmp_path / "my plans"))
+    endpoint = "$(touch pwned):29500"
+    res = CliRunner().invoke(run_command, [path, "--print-launch", "--nnodes", "2", "--rdzv-endpoint", endpoint])
+    assert res.exit_code == 0, res.output
+    line = res.stdout.strip().splitlines()[-1]
+    words = shlex.split(line)
+    assert f"--rdzv-endpoint={endpoint}" in words and path in words
+    # Pasted into bash with printf in torchrun's place: the words come out as they are, nothing runs.
+    pasted = line.replace("torchrun ", "printf '%s\\n' ", 1)
+    done = subprocess.run(["bash", "-c", pasted], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                          check=True)  # fmt: skip
+    assert done.stdout.splitlines() == words[words.index("torchrun") + 1 :] and not (tmp_path / "pwned").exists()
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--nnodes", "2", "--rdzv-endpoint", "h:\u0662\u0669\u0665"], "must be HOST:PORT"),
     (["--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
     (["--nnodes", "3", "--rdzv-endpoint", "h:1"], "the plan has 2 rank(s), which do not fill 3 node(s)"),
     (["--nproc-per-node", "3"], "which do not fill 1 node(s) of 3 process(es)"),
@@ -314,3 +336,29 @@ def test_a_fidelity_row_compares_measured_rounds_with_the_simulation(tmp_path: P
     assert row.measured_busy_ms == pytest.approx(tuple(1.2 * b for b in sim.busy_ms))
     assert row.measured_ci_ms[0] <= row.measured_ms <= row.measured_ci_ms[1]
     assert FidelityReport(rows=(row,), rounds=5).mape_percent == pytest.approx(100 * abs(1 / 1.2 - 1))
+
+
+# ---------------------------------------------------------------------------
+# Run statistics (issue 24, finding 4: a median outside its own IQR)
+# ---------------------------------------------------------------------------
+
+
+def _result(times: list[float]) -> RunResult:
+    return RunResult(steps=tuple(StepResult(iteration_ms=t, step_ms=t, loss=None, records=()) for t in times),
+                     grads=None)  # fmt: skip
+
+
+def test_the_median_of_two_steps_lies_inside_its_iqr() -> None:
+    # --steps 2 --warmup-steps 5 kept both steps; the interpolated Q1 (899) lay above the median (782).
+    result = _result([1250.0, 782.0])
+    assert result.median_iteration_ms(5) == 782.0
+    assert result.quartiles_ms(5) == (782.0, 1016.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.001, 1e6), min_size=1, max_size=40), st.integers(0, 5))
+def test_the_median_always_lies_inside_its_iqr(times: list[float], warmup: int) -> None:
+    result = _result(times)
+    q1, q3 = result.quartiles_ms(warmup)
+    kept = [s.iteration_ms for s in result.kept(warmup)]
+    assert min(kept) <= q1 <= result.median_iteration_ms(warmup) <= q3 <= max(kept)

@@ -225,3 +225,51 @@ def test_torchrun_entry_point_refuses_a_deadlocking_plan(tmp_path: Path) -> None
     )  # fmt: skip
     assert done.returncode != 0
     assert "umsearch: rank 0: the plan deadlocks" in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# Precision: a bf16 pipelined run equals the single-process bf16 run
+# ---------------------------------------------------------------------------
+
+BF16_CFG = replace(CFG, precision="bf16")
+
+
+def tiny_model32(layers: int = 6, seed: int = 0) -> BuiltModel:
+    """:func:`tiny_model` in float32: autocast casts float32 (not float64) to bf16."""
+    built = tiny_model(layers, seed)
+    mods = [m.float() for m in built.layers]
+
+    def batch(b: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = built.make_batch(b, g)
+        return x.float(), y.float()
+
+    return BuiltModel(mods, built.names, batch, built.loss)
+
+
+def reference_bf16(layers: int, batch: int, cfg: RunConfig, autocast: bool = True) -> dict[str, torch.Tensor]:
+    """Single-process gradients of one full batch, the forward under bf16 autocast (or not)."""
+    model = tiny_model32(layers)
+    net = torch.nn.Sequential(*model.layers)
+    x, y = model.make_batch(batch, torch.Generator().manual_seed(cfg.batch_seed(0)))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model.loss(net(x), y)
+    loss.backward()
+    return {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
+
+
+def test_bf16_pipelined_gradients_equal_the_single_process_bf16_run() -> None:
+    names = ("1f1b-unequal", "interleaved", "zbv-iw")
+    jobs = [(PLANS[n].to_json(), functools.partial(tiny_model32, PLANS[n].num_layers), BF16_CFG) for n in names]
+    per_rank = launch(many_plans, 2, (jobs,), BF16_CFG.launch)
+    for i, name in enumerate(names):
+        plan = PLANS[name]
+        got = merge([reports[i] for reports in per_rank]).grads
+        want = reference_bf16(plan.num_layers, plan.global_batch, BF16_CFG)
+        fp32 = reference_bf16(plan.num_layers, plan.global_batch, BF16_CFG, autocast=False)
+        assert got is not None and sorted(got) == sorted(want), name
+        for k in want:
+            # bf16 keeps 8 bits of mantissa: microbatches round their partial sums differently
+            # from one full batch, so the two agree to bf16's precision, not bitwise.
+            torch.testing.assert_close(got[k], want[k], rtol=3e-2, atol=2e-3, msg=f"{name} {k}")
+        # ... and the run really was bf16: it is farther from fp32 than fp32 runs are from each other.
+        assert max(float((got[k] - fp32[k]).abs().max()) for k in want) > 1e-5, name

@@ -196,3 +196,103 @@ def test_a_user_models_own_failure_is_one_domain_error() -> None:
     factory = spec_factory(user_model(ModelChoice(model=f"{__name__}:exploding")))  # type: ignore[arg-type]
     with pytest.raises(PlanError, match=r"building the model '.*:exploding' failed: RuntimeError: model code broke"):
         factory()
+
+
+# ---------------------------------------------------------------------------
+# Device and precision of the run against the profile's measurement
+# ---------------------------------------------------------------------------
+
+
+def _measured(device: str = "cuda: NVIDIA H200", precision: str | None = "bf16") -> Any:
+    extra = {"precision": precision} if precision is not None else {}
+    return replace(uniform_profile(layers=4), device=device, extra=extra)
+
+
+def test_the_profiles_precision_is_the_runs_unless_another_is_asked_for() -> None:
+    from umsearch.runtime.preflight import check_measured_on
+
+    on = check_measured_on(_measured(), device_type="cuda", precision=None)
+    assert (on.precision, on.warnings, on.device_differs) == ("bf16", (), False)
+    assert check_measured_on(_measured(), device_type="cuda", precision="bf16").precision == "bf16"
+    with pytest.raises(PlanError, match=r"measured in bf16 but this run asks for --dtype fp32: .*run with --dtype "
+                                        r"bf16 .* umsearch profile \.\.\. --dtype fp32"):  # fmt: skip
+        check_measured_on(_measured(), device_type="cuda", precision="fp32")
+
+
+def test_another_device_type_is_said_plainly_and_is_not_the_models_fault() -> None:
+    from umsearch.runtime.preflight import check_measured_on
+
+    on = check_measured_on(_measured("cpu: Xeon, 1 thread(s)", "fp32"), device_type="cuda", precision=None)
+    assert on.device_differs and len(on.warnings) == 1
+    assert "measured on cpu (cpu: Xeon, 1 thread(s)) but this run uses cuda" in on.warnings[0]
+    assert "not because the model is wrong" in on.warnings[0]
+    # A device the profile's text does not name is not guessed at.
+    assert not check_measured_on(_measured("none", "fp32"), device_type="cpu", precision=None).device_differs
+
+
+def test_a_profile_without_precision_runs_with_a_warning() -> None:
+    from umsearch.runtime.preflight import check_measured_on
+
+    on = check_measured_on(_measured("cuda: H200", None), device_type="cuda", precision="tf32")
+    assert on.precision == "tf32" and "does not record its precision" in on.warnings[0]
+    assert check_measured_on(None, device_type="cpu", precision=None).precision is None
+
+
+# ---------------------------------------------------------------------------
+# The NCCL path, as far as a machine without GPUs goes
+# ---------------------------------------------------------------------------
+
+
+def _mlp_plan(tmp: Path, precision: str | None = None, device: str = "cuda: NVIDIA H200") -> Path:
+    prof = replace(uniform_profile(layers=4), device=device, extra={"precision": precision} if precision else {})
+    save_profile(prof, tmp / "prof.json")
+    return _plan_file(tmp, profile="prof.json", model={"source": "mlp", "args": {"layers": 3, "width": 8}})
+
+
+def test_nccl_refuses_fewer_gpus_than_ranks_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from umsearch.cli.run import run_command
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    res = CliRunner().invoke(run_command, [str(_mlp_plan(tmp_path)), "--backend", "nccl", "--steps", "1"])
+    assert res.exit_code == 1
+    assert "backend nccl needs one GPU per rank: 2 ranks but 1 GPU(s) here; use --backend gloo or a plan with " \
+           "fewer ranks" in res.output  # fmt: skip
+
+
+def test_each_rank_takes_the_gpu_of_its_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from umsearch.runtime.launch import local_rank_device
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert local_rank_device("nccl") == torch.device("cuda", 3)
+    assert local_rank_device("gloo") == torch.device("cpu")
+
+
+def test_print_launch_for_several_nodes_carries_the_profiles_precision(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from umsearch.cli.run import run_command
+
+    path = str(_mlp_plan(tmp_path, "bf16"))
+    res = CliRunner().invoke(run_command, [path, "--print-launch", "--backend", "nccl", "--nnodes", "2",
+                                           "--rdzv-endpoint", "node0:29400"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    line = res.stdout.strip().splitlines()[-1]
+    assert "--nnodes=2" in line and "--nproc-per-node=1" in line and "--backend=nccl" in line
+    assert "--dtype=bf16" in line  # the ranks run the profile's precision
+    refused = CliRunner().invoke(run_command, [path, "--print-launch", "--backend", "nccl", "--dtype", "fp16"])
+    assert refused.exit_code == 1 and "measured in bf16 but this run asks for --dtype fp16" in refused.output
+
+
+@pytest.mark.slow
+def test_validate_on_another_device_type_is_not_called_a_model_error(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from umsearch.cli.run import validate_command
+
+    path = str(_mlp_plan(tmp_path, "fp32", device="cuda: NVIDIA H200"))  # a GPU profile, run here on the CPU
+    res = CliRunner().invoke(validate_command, [path, "--rounds", "2", "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    assert "measured on cuda (cuda: NVIDIA H200) but this run uses cpu" in res.stderr
+    assert "not a model error" in res.stdout

@@ -26,7 +26,8 @@ from umsearch.cli.run import run_command, validate_command
 from umsearch.core.plan import save_plan
 from umsearch.core.profile import save_profile
 from umsearch.runtime.config import LaunchConfig
-from umsearch.runtime.launch import JOB_FILE, KEY_ENV, RUN_DIR_PREFIX, launch, new_key, seal
+from umsearch.runtime.launch import launch
+from umsearch.runtime.sealed import JOB_FILE, KEY_ENV, RUN_DIR_PREFIX, new_key, seal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -235,7 +236,7 @@ def test_nothing_in_the_package_unpickles_but_the_sealed_reader() -> None:
                     if (name, node.func.attr) in {("pickle", "load"), ("pickle", "loads"), ("torch", "load"),
                                                   ("pickle", "Unpickler")}:  # fmt: skip
                         found.append(f"{path.relative_to(ROOT)}:{fn.name}")
-    assert found == ["umsearch/runtime/launch.py:read_sealed"]
+    assert found == ["umsearch/runtime/sealed.py:read_sealed"]
 
 
 def private_state(rank: int, world: int) -> dict[str, Any]:

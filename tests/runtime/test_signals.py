@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.test_command import _plan
-from umsearch.runtime.launch import RUN_DIR_PREFIX
+from umsearch.runtime.sealed import RUN_DIR_PREFIX
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def _start(args: list[str], tmp: Path) -> subprocess.Popen[str]:
 
 
 def _launcher(target: str, args: str, cfg: str = "") -> list[str]:
-    """``python -c`` running launch(target, 2, args); a failure's one line on stderr, exit 1 or 130."""
+    """``python -c`` running launch(target, 2, args); a failure's one line on stderr, exit 1 or 128 + the signal."""
     code = (
         "import sys\n"
         "from umsearch.runtime.launch import launch, LaunchInterrupted\n"
@@ -66,8 +66,8 @@ def _launcher(target: str, args: str, cfg: str = "") -> list[str]:
         f"from tests.runtime.test_signals import {target}\n"
         "try:\n"
         f"    launch({target}, 2, {args}, LaunchConfig({cfg}))\n"
-        "except LaunchInterrupted:\n"
-        "    sys.exit(130)\n"
+        "except LaunchInterrupted as exc:\n"
+        "    sys.exit(128 + exc.signum)\n"
         "except Exception as exc:\n"
         "    print(exc, file=sys.stderr)\n"
         "    sys.exit(1)\n"
@@ -137,7 +137,7 @@ def test_sigterm_to_the_launcher_stops_torchrun_and_every_rank(tmp_path: Path) -
     everything = [*ranks, *_descendants(proc.pid)]
     proc.send_signal(signal.SIGTERM)
     code, err = _finish(proc, timeout=90)
-    assert code == 130, err
+    assert code == 143, err
     _assert_nothing_left(everything, tmp_path / "tmp")
 
 
@@ -164,7 +164,7 @@ def test_sigterm_to_umsearch_run(tmp_path: Path) -> None:
     everything = [*ranks, *_descendants(proc.pid)]
     proc.send_signal(signal.SIGTERM)
     code, err = _finish(proc, timeout=90)
-    assert code == 130, err
+    assert code == 143, err  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
     [line] = err.strip().splitlines()
     assert line.startswith("error: interrupted by SIGTERM: stopped torchrun and every rank"), line
     _assert_nothing_left(everything, tmp_path / "tmp")

@@ -67,7 +67,7 @@ def test_ctrl_c_keeps_the_best_so_far(tmp_path: Path) -> None:
     from itertools import groupby
 
     assert [k for k, _ in groupby(p.phase for p in seen)][:3] == ["baselines", "first pass", "nsga2"]
-    assert [p.done for p in seen if p.phase == "baselines"] == list(range(len(space.peers) + 2))
+    assert [p.done for p in seen if p.phase == "baselines"] == list(range(len(space.schedule.peers) + 2))
     assert all(res.best.iteration_ms <= base.iteration_ms for base in _peers(res))
 
 
@@ -78,7 +78,7 @@ def test_progress_counts_something_in_every_phase(tmp_path: Path) -> None:
     phases = {p.phase for p in seen}
     assert phases == {"baselines", "first pass", "nsga2", "polish"}
     nsga = [p for p in seen if p.phase == "nsga2"]
-    assert [p.done for p in nsga] == list(range(1, space.generations + 1)) and nsga[0].total == space.generations
+    assert [p.done for p in nsga] == list(range(1, space.search.generations + 1)) and nsga[0].total == space.search.generations
     assert all(p.evaluations > 0 for p in seen if p.phase != "baselines" or p.done == 1)
 
 
@@ -106,6 +106,6 @@ def test_a_model_of_thousands_of_layers_honours_the_budget(tmp_path: Path) -> No
     res = run_search(space, profile, seen.append)
     wall = time.perf_counter() - t0
     assert res.budget_hit
-    assert len([p for p in seen if p.phase == "baselines"]) >= len(space.peers)
+    assert len([p for p in seen if p.phase == "baselines"]) >= len(space.schedule.peers)
     assert wall < 60, wall  # budget 4 s; generous slack for a loaded machine, far below the old 100 s
     validate_plan(res.best.plan, 2000)

@@ -26,9 +26,9 @@ def test_stages_is_an_alias_of_ranks(tmp_path: Path) -> None:
 def test_v2_schedule_keys(tmp_path: Path) -> None:
     space = load_space(_write(tmp_path, "ranks = 2\nglobal_batch = 8\n[schedule]\nstages_per_rank = [3, 1]\n"
                                         "placement = 'vshape'\nsplit_backward = false\npeers = ['GPipe', 'ZBVZeroBubble']\n"))
-    assert space.stages_per_rank == (1, 3) and space.placements == ("vshape",)
-    assert not space.split_backward and space.peers == ("GPipe", "ZBVZeroBubble")
-    assert load_space(_write(tmp_path, "ranks = 2\nglobal_batch = 8\n")).placements == ("loop", "vshape")
+    assert space.schedule.stages_per_rank == (1, 3) and space.schedule.placements == ("vshape",)
+    assert not space.schedule.split_backward and space.schedule.peers == ("GPipe", "ZBVZeroBubble")
+    assert load_space(_write(tmp_path, "ranks = 2\nglobal_batch = 8\n")).schedule.placements == ("loop", "vshape")
 
 
 def test_profile_is_relative_to_the_toml(tmp_path: Path) -> None:
@@ -69,3 +69,36 @@ def test_parse_bytes() -> None:
     for bad in ("inf", float("inf"), float("nan"), -1, "0GiB", True):
         with pytest.raises(SearchSpaceError):
             parse_bytes(bad)
+
+
+def test_the_readme_table_is_the_dataclasses() -> None:
+    """search_spaces/README.md documents exactly the keys, defaults and help of the dataclasses."""
+    from umsearch.search.space import markdown_table
+
+    readme = (Path(__file__).resolve().parents[2] / "search_spaces" / "README.md").read_text(encoding="utf-8")
+    assert markdown_table() in readme
+
+
+def test_every_key_is_a_flag_of_search() -> None:
+    from click.testing import CliRunner
+
+    from umsearch.cli.search import search_command
+    from umsearch.search.space import options
+
+    text = CliRunner().invoke(search_command, ["--help"], terminal_width=200).output
+    for o in options():
+        assert o["flag"] in text, o["key"]
+
+
+def test_flags_that_disagree_on_ranks_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(SearchSpaceError, match="ranks = 2 and its alias stages = 3 disagree"):
+        load_space(_write(tmp_path, "ranks = 4\nglobal_batch = 8\n"), {"ranks": 2, "stages": 3})
+    assert load_space(_write(tmp_path, "ranks = 4\nglobal_batch = 8\n"), {"ranks": 2, "stages": 2}).ranks == 2
+
+
+def test_tables_are_dataclasses_with_the_toml_keys(tmp_path: Path) -> None:
+    space = load_space(_write(tmp_path, "ranks = 2\nglobal_batch = 8\n[microbatch]\nmax = 4\nmax_count = 8\n"
+                                        "[search]\nseed = 7\n"))  # fmt: skip
+    assert (space.microbatch.max, space.microbatch.max_count, space.search.seed) == (4, 8, 7)
+    assert space.to_json()["microbatch"] == {"min": 1, "max": 4, "multiple_of": 1, "max_count": 8}
+    assert space.microbatch_sizes == [1, 2, 3, 4]

@@ -1,9 +1,10 @@
-"""``umsearch calibrate``: fit the runtime's own per-action and per-message costs into a profile."""
+"""``umsearch calibrate``: fit the runtime's own costs (per action, per message, per MiB, stage scale) into a profile."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -11,6 +12,7 @@ from rich.markup import escape
 from umsearch.cli.console import console, write_output
 from umsearch.core.errors import ModelSpecError, ProfilingError
 from umsearch.core.model_spec import ModelSpec, parse_arg
+from umsearch.core.outputs import check_output_file
 from umsearch.core.profile import Profile, load_profile, save_profile
 
 
@@ -29,6 +31,27 @@ def _spec(profile: Profile, path: str, model: str | None, args: tuple[str, ...],
     return spec
 
 
+def print_report(report: dict[str, Any]) -> None:
+    """The fitted terms, every probe predicted bare, calibrated and held out, and the errors."""
+    scale = report["stage_scale"] or report["ranges"]
+    console.print(f"op overhead [bold]{report['op_overhead_ms']:.4f} ms[/] per action, message overhead "
+                  f"[bold]{report['message_overhead_ms']:.4f} ms[/] + "
+                  f"[bold]{report['message_overhead_ms_per_mib']:.4f} ms/MiB[/] per cross-rank message; "
+                  f"{report['scales']} {escape(json.dumps(scale)) if scale else '(none)'} "
+                  f"(rms residual {report['rms_residual_ms']:.4f} ms over {report['actions']} actions and "
+                  f"{report['range_rows']} profiled ranges)")  # fmt: skip
+    for r in report["probe_rows"]:
+        held = r["predicted_held_out_ms"]
+        console.print(f"  {escape(r['probe']):24s} measured {r['measured_ms']:8.2f} ms  predicted "
+                      f"{r['predicted_bare_ms']:8.2f} -> {r['predicted_ms']:8.2f} ms"
+                      + (f", held out {held:8.2f} ms" if held is not None else ""))  # fmt: skip
+    held_out = report["held_out_mape_percent"]
+    console.print(f"iteration-time error of the probes: {report['mape_percent_bare']:.1f}% uncalibrated, "
+                  f"{report['mape_percent']:.1f}% in-sample, [bold]"
+                  + (f"{held_out:.1f}%[/] held out (each probe predicted by a fit of the others)"
+                     if held_out is not None else "no held-out error[/] (one probe only)"))  # fmt: skip
+
+
 @click.command("calibrate")
 @click.argument("profile_path", metavar="PROFILE.json", type=click.Path(dir_okay=False))
 @click.option("--model", default=None, help="Model to run (default: the profile's model_spec).")
@@ -41,32 +64,30 @@ def _spec(profile: Profile, path: str, model: str | None, args: tuple[str, ...],
               help="Global batch of the probes.")  # fmt: skip
 @click.option("--threads", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="CPU threads per rank (as umsearch run uses).")  # fmt: skip
+@click.option("--scales", type=click.Choice(["stage_scale", "ranges", "none"]), default="stage_scale",
+              show_default=True, help="How layers run together in a stage are fitted: s(k) by layer count, one "
+              "scale per measured range, or not at all.")  # fmt: skip
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Write the calibrated profile here (default: replace PROFILE.json, atomically).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration report as JSON.")
 def calibrate_command(profile_path: str, model: str | None, model_args: tuple[str, ...], trust_model_code: bool,
-                      rounds: int, ranks: int, batch: int, threads: int, out: str | None, as_json: bool) -> None:  # fmt: skip
-    """Run a few probe plans for real and fit the runtime's fixed costs into PROFILE.json (MODEL.md 7)."""
+                      rounds: int, ranks: int, batch: int, threads: int, scales: str, out: str | None,
+                      as_json: bool) -> None:  # fmt: skip
+    """Run a few probe plans for real and fit the runtime's own costs into PROFILE.json (MODEL.md 7)."""
     from umsearch.orchestrate.calibration import calibrate
     from umsearch.runtime.factory import spec_factory
 
+    target = profile_path if out is None else out
+    check_output_file(target, "--out")  # before the probes run: a bad path is refused, a device never replaced
     profile = load_profile(profile_path)
     if model_args and model is None:
         raise ModelSpecError("--arg needs --model: it is an argument of the model you name")
     spec = _spec(profile, profile_path, model, model_args, trust_model_code)
-    target = out or profile_path
     calibrated, report = calibrate(profile, spec_factory(spec, 0), rounds=rounds, ranks=ranks, batch=batch,
-                                   threads=threads)  # fmt: skip
+                                   threads=threads, scales=scales)  # type: ignore[arg-type]  # fmt: skip
     write_output(target, "--out", lambda p: save_profile(calibrated, p))
     if as_json:
         click.echo(json.dumps({**report, "profile": str(Path(target))}))
         return
-    console.print(f"op overhead [bold]{report['op_overhead_ms']:.4f} ms[/] per action, message overhead "
-                  f"[bold]{report['message_overhead_ms']:.4f} ms[/] per cross-rank message "
-                  f"(rms residual {report['rms_residual_ms']:.4f} ms over {report['actions']} actions)")  # fmt: skip
-    for r in report["probe_rows"]:
-        console.print(f"  {escape(r['probe']):24s} measured {r['measured_ms']:8.2f} ms  predicted "
-                      f"{r['predicted_bare_ms']:8.2f} -> {r['predicted_ms']:8.2f} ms")  # fmt: skip
-    console.print(f"iteration-time error of the probes: {report['mape_percent_bare']:.1f}% uncalibrated, "
-                  f"{report['mape_percent']:.1f}% calibrated")  # fmt: skip
+    print_report(report)
     console.print("wrote " + escape(str(target)))

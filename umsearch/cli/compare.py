@@ -13,6 +13,7 @@ from rich.table import Table
 from umsearch.cli.console import console, write_output
 from umsearch.cli.tables import format_bytes
 from umsearch.core.errors import PlanError
+from umsearch.core.outputs import check_output_file
 
 
 def compare_rows(paths: tuple[str, ...], profile: str | None) -> list[dict[str, Any]]:
@@ -66,8 +67,10 @@ def compare_command(plan_paths: tuple[str, ...], profile_path: str | None, gantt
     """Predicted time, memory per rank, bubble and speedup of several plans side by side."""
     if len(plan_paths) > 32:
         raise PlanError(f"{len(plan_paths)} plans: compare at most 32 at once")
+    if gantt is not None:
+        check_output_file(gantt, "--gantt", inputs=plan_paths)  # before any work: a bad path refused, a device kept
     rows = compare_rows(plan_paths, profile_path)
-    if gantt:
+    if gantt is not None:
         from umsearch.cli.pictures import write_gantts
 
         panels = [(f"#{i} {r['plan']}: " + ("DEADLOCK" if r["deadlock"] else f"{r['iteration_ms']:.2f} ms"),
@@ -80,5 +83,5 @@ def compare_command(plan_paths: tuple[str, ...], profile_path: str | None, gantt
     console.print(_table(rows))
     console.print("RxS: ranks x stages; mb: microbatches per stage (uneq: unequal lists, IW: split backwards); "
                   "ms: predicted iteration; vs #0: speedup over plan #0")  # fmt: skip
-    if gantt:
+    if gantt is not None:
         console.print("timelines: " + escape(gantt))

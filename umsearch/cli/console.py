@@ -10,7 +10,8 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.text import Text
 
-from umsearch.core.errors import UmsearchError
+from umsearch.core.errors import OutputError
+from umsearch.core.outputs import OutputWriteError, check_output_file
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -34,14 +35,14 @@ def abort(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-class OutputError(UmsearchError):
-    """An output file or folder cannot be written."""
-
-
 def write_output(path: str, flag: str, write: Callable[[str], Any]) -> None:
-    """``write(path)`` (an atomic writer), with a failure as one line and nothing partial left."""
+    """``write(path)`` (a writer going through :func:`umsearch.core.outputs.write_output_file`), with
+    ``path`` checked first under ``flag``'s name and a failure as one line, nothing partial left."""
+    check_output_file(path, flag)
     try:
         write(path)
+    except OutputWriteError as exc:
+        raise OutputError(f"{flag} {path!r} could not be written: {exc.reason}; nothing was left there") from None
     except OSError as exc:
         raise OutputError(f"{flag} {path!r} could not be written: {exc.strerror or exc}; nothing was "
                           "left there") from None  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -13,7 +13,11 @@ from umsearch.cli.console import console, write_output
 from umsearch.core.errors import PlanError
 from umsearch.core.jsonio import write_text_atomic
 from umsearch.core.loader import LoadedPlan, load_plan_file
-from umsearch.core.plan import Plan, document_from_json
+from umsearch.core.outputs import check_output_dir, check_output_file
+from umsearch.core.plan import Plan
+
+if TYPE_CHECKING:
+    from umsearch.core.torchtitan import TorchtitanExport
 
 FORMATS = ("pipelining-csv", "torchtitan")
 
@@ -23,63 +27,67 @@ def _csv(plan: Plan) -> str:
 
     if not plan.equal_microbatches or len(set(plan.stages[0].forward)) != 1:
         raise PlanError("the plan has unequal microbatches; torch.distributed.pipelining splits the batch into equal "
-                        "ones, so only umsearch's runtime can run it (umsearch run PLAN)")  # fmt: skip
+                        "ones, so only umsearch's runtime can run it (umsearch run PLAN); for torch, export one of "
+                        "the baselines/NAME.json a search writes beside its plan")  # fmt: skip
     try:
         return pipelining_csv(plan.actions)
     except ValueError as exc:
         raise PlanError(f"{exc}; export a plan with equal microbatches on every stage") from None
 
 
-def _make(folder: Path, flag_value: str) -> None:
-    """Create the output folder, only once there is something to write into it."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PlanError(f"--out {flag_value!r} cannot be created: {exc.strerror}; choose another folder") from None
+def _expressed(plan: Plan, modules: list[str]) -> TorchtitanExport:
+    from umsearch.core.torchtitan import torchtitan_export
+
+    return torchtitan_export(plan, modules)
 
 
-def best_equal_baseline(plan_path: Path) -> tuple[str, Plan, float] | None:
-    """The fastest baseline with equal microbatches in the ``baselines.json`` beside a searched plan."""
-    path = plan_path.with_name("baselines.json")
+def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str], why: PlanError) -> tuple[TorchtitanExport, str]:
+    """The fastest baseline beside the plan that torchtitan can run, each checked against the plan first.
+
+    Times are the simulator's under the plan's profile, not the file's claims.
+    Raises ``why`` (with the way out) when there is none.
+    """
+    from umsearch.core.baselines import BASELINES_FILE, checked_baselines
+    from umsearch.sim.reference import simulate
+
+    path = plan_path.with_name(BASELINES_FILE)
     if not path.is_file():
-        return None
-    from umsearch.core.jsonio import read_json
-
-    doc = read_json(path, "baselines", PlanError)
-    if not isinstance(doc, dict):
-        return None
-    best: tuple[str, Plan, float] | None = None
-    for name, raw in (doc.get("baseline_plans") or {}).items():
-        if raw is None:
+        raise PlanError(f"{plan_path} cannot be expressed in torchtitan ({why}), and no {BASELINES_FILE} lies "
+                        "beside it to take a baseline from; export a search's output folder plan, or run it with "
+                        "umsearch run")  # fmt: skip
+    usable, refused = checked_baselines(path, loaded.plan)
+    cost = loaded.cost()
+    times = [(simulate(b.plan, cost).iteration_ms, b) for b in usable]
+    timed = sorted(((t, b) for t, b in times if t is not None and t > 0), key=lambda tb: tb[0])
+    for t, b in timed:
+        try:
+            exp = _expressed(b.plan, modules)
+        except PlanError:
             continue
-        d = document_from_json(raw)
-        t = (d.predicted or {}).get("iteration_ms")
-        if d.plan.equal_microbatches and isinstance(t, (int, float)) and (best is None or t < best[2]):
-            best = (name, d.plan, float(t))
-    return best
+        mine = simulate(loaded.plan, cost).iteration_ms
+        gain = f"predicted {t / mine - 1:.1%} faster than it" if mine else "not comparable with it (it deadlocks)"
+        note = (f"{plan_path} cannot be expressed in torchtitan ({why}); exported instead the fastest baseline "
+                f"torchtitan can run, {b.name} (predicted {t:.3f} ms); the plan itself is {gain} and runs with "
+                "umsearch run")  # fmt: skip
+        return exp, note
+    skipped = f" (ignored: {'; '.join(refused[:3])})" if refused else ""
+    raise PlanError(f"{plan_path} cannot be expressed in torchtitan ({why}), and no baseline in {path} can "
+                    f"either{skipped}; run the plan with umsearch run")  # fmt: skip
 
 
 def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
-    from umsearch.core.torchtitan import module_names, torchtitan_export
+    from umsearch.core.torchtitan import module_names
 
-    plan, notes = loaded.plan, []
-    if not plan.equal_microbatches:
-        found = best_equal_baseline(plan_path)
-        if found is None:
-            raise PlanError(f"{plan_path} has unequal microbatches, which torchtitan cannot run, and no "
-                            "baselines.json lies beside it; export a search's output folder plan, or run it "
-                            "with umsearch run")  # fmt: skip
-        name, plan, t = found
-        mine = (loaded.document.predicted or {}).get("iteration_ms")
-        gain = f"{t / mine - 1:.1%} faster than" if isinstance(mine, (int, float)) and mine > 0 else "unlike"
-        notes.append(f"exported the best equal plan ({name}, predicted {t:.3f} ms); the unequal plan is predicted "
-                     f"{gain} it and needs umsearch's runtime (umsearch run)")  # fmt: skip
     if loaded.profile is None:
         raise PlanError(f"{plan_path}: torchtitan needs the layers' module names, from the profile; pass --profile")
     sequential = loaded.model is not None and loaded.model.is_zoo
     modules = module_names([lay.name for lay in loaded.profile.layers], sequential)
-    exp = torchtitan_export(plan, modules)
-    _make(out, str(out))
+    notes = []
+    try:
+        exp = _expressed(loaded.plan, modules)
+    except PlanError as why:
+        exp, note = _fallback(loaded, plan_path, modules, why)
+        notes.append(note)
     header = (f"torchtitan settings written by umsearch export from {plan_path}\n"
               "merge these sections into your train config (or pass them as --parallelism.* flags)")  # fmt: skip
     write_output(str(out / "torchtitan.toml"), "--out", lambda p: write_text_atomic(p, exp.toml(header)))
@@ -105,14 +113,18 @@ def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
 def export_command(plan_path: str, fmt: str, out: str, profile_path: str | None, as_json: bool) -> None:
     """Write PLAN.json in a form torch.distributed.pipelining or torchtitan runs."""
-    loaded = load_plan_file(plan_path, profile=profile_path)
     target = Path(out)
     as_file = fmt == "pipelining-csv" and target.suffix == ".csv"
+    # Before any work: a bad path is refused, a device never replaced.
+    if as_file:
+        check_output_file(out, "--out", inputs=[plan_path])
+    else:
+        check_output_dir(out, "--out")
+    loaded = load_plan_file(plan_path, profile=profile_path)
     folder = target.parent if as_file else target
     lines: list[str]
     if fmt == "pipelining-csv":
         text = _csv(loaded.plan)
-        _make(folder, out)
         csv_path = target if as_file else folder / "schedule.csv"
         write_output(str(csv_path), "--out", lambda p: write_text_atomic(p, text))
         lines = [str(csv_path), f"load it with schedule._load_csv(path) on a _PipelineScheduleRuntime "

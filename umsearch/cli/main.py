@@ -30,6 +30,7 @@ _LAZY_COMMANDS = {
     "export": "umsearch.cli.export:export_command",
     "calibrate": "umsearch.cli.calibrate:calibrate_command",
     "compare": "umsearch.cli.compare:compare_command",
+    "tune": "umsearch.cli.tune:tune_command",
 }
 
 
@@ -128,8 +129,14 @@ def show_command(
     from umsearch.cli.console import write_output
     from umsearch.cli.pictures import write_chrome_trace, write_gantt
     from umsearch.cli.tables import plan_tables
+    from umsearch.core.outputs import check_output_file
     from umsearch.sim.reference import simulate
 
+    gantt = str(Path(plan_path).with_name(Path(plan_path).stem + "_timeline.png")) if gantt is None else gantt
+    inputs = [plan_path, *([profile_path] if profile_path else [])]
+    check_output_file(gantt, "--gantt", inputs=inputs)  # before any work: a bad path is refused, a device kept
+    if trace is not None:
+        check_output_file(trace, "--trace", inputs=inputs)
     loaded = _load(plan_path, profile_path, state_factor)
     plan, profile = loaded.plan, loaded.profile
     res = simulate(plan, loaded.cost())
@@ -138,11 +145,10 @@ def show_command(
         console.print(table)
     if res.deadlock:
         console.print("[bold red]deadlock:[/] " + escape("; ".join(res.blocked)) + " (drawing the actions that ran)")
-    gantt = gantt or str(Path(plan_path).with_name(Path(plan_path).stem + "_timeline.png"))
     title = f"{profile.model}: predicted " + ("DEADLOCK" if res.deadlock else f"{res.iteration_ms:.2f} ms")
     write_output(gantt, "--gantt", lambda p: write_gantt(res.records, plan.ranks, p, title=title))
     console.print("Gantt chart: " + escape(gantt), soft_wrap=True)
-    if trace:
+    if trace is not None:
         write_output(trace, "--trace", lambda p: write_chrome_trace(res.records, p, source="predicted",
                                                                     metadata={"plan": str(plan_path)}))  # fmt: skip
         console.print("Chrome trace: " + escape(trace) + " (open in https://ui.perfetto.dev or chrome://tracing)",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -14,10 +15,21 @@ from rich.table import Table
 
 from umsearch.cli.console import console
 from umsearch.core.errors import ProfilingError
+from umsearch.core.fields import MAX_BYTES, MAX_INT, MAX_MS
 from umsearch.core.jsonio import write_json
 from umsearch.core.model_spec import ModelSpec, parse_arg
-from umsearch.core.profile import Link, Profile, load_profile, save_profile
+from umsearch.core.outputs import check_output_file
+from umsearch.core.profile import (
+    PRECISIONS,
+    Link,
+    Profile,
+    load_profile,
+    profile_precision,
+    save_profile,
+)
+from umsearch.measure.presets import ONE_GPU_DEFAULT, PRESETS
 from umsearch.measure.profiler import DEFAULT_REPEATS, ProfileConfig
+from umsearch.nn.precision import Precision, check_precision
 
 DEFAULT_SIZES = "1,2,4,8,16,32"
 CHECK_REPEATS = 7
@@ -36,6 +48,10 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     bad = [s for s in sizes if s < 1]
     if bad:
         raise ProfilingError(f"--sizes {text!r} has non-positive size {bad[0]}; microbatch sizes are at least 1")
+    huge = [s for s in sizes if s > MAX_INT]
+    if huge:
+        raise ProfilingError(f"--sizes {text!r} has size {huge[0]}, above the largest microbatch size {MAX_INT}; "
+                             "give sizes like 1,2,4,8")  # fmt: skip
     out = tuple(sorted(set(sizes)))
     if out[0] != 1:
         raise ProfilingError(f"--sizes {text!r} must include 1 (profiles start at size 1), e.g. 1,{text}")
@@ -50,26 +66,96 @@ def _positive(value: int | None, flag: str, example: int) -> None:
         raise ProfilingError(f"{flag} {value} must be at least 1, e.g. {flag} {example}")
 
 
-def _link(latency: float | None, bandwidth: float | None, device: str) -> Link:
+def _finite(value: float | None, flag: str, lo: float, hi: float, example: str, *, positive: bool = False) -> None:
+    """Refuse a flag value that is not a finite number in ``[lo, hi]`` (``(lo, hi]`` when ``positive``)."""
+    if value is None:
+        return
+    if not math.isfinite(value) or value < lo or (positive and value == lo) or value > hi:
+        side = f"above {lo:g}" if positive else f"from {lo:g}"
+        raise ProfilingError(f"{flag} {value!r} must be a finite number {side} to {hi:g}, e.g. {flag} {example}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkChoice:
+    """The link as the flags give it: stated numbers, a preset, or to be measured (both None)."""
+
+    latency_ms: float | None
+    bandwidth_gb_per_s: float | None
+    preset: str | None
+
+    @property
+    def stated(self) -> bool:
+        return self.latency_ms is not None
+
+
+def link_choice(latency: float | None, bandwidth: float | None, preset: str | None, device: torch.device) -> LinkChoice:
+    """Check the link flags (before anything is measured): both numbers or neither, finite and in the
+    profile loader's limits, or a preset; on one GPU without either, the default preset."""
     if (latency is None) != (bandwidth is None):
         raise ProfilingError("give both --link-latency-ms and --link-bandwidth-gbps, or neither to measure the link")
-    if latency is not None and latency < 0:
-        raise ProfilingError(f"--link-latency-ms {latency} is negative; a latency is 0 or more milliseconds")
-    if bandwidth is not None and not bandwidth > 0:
-        raise ProfilingError(f"--link-bandwidth-gbps {bandwidth} must be positive (GB/s), e.g. 10")
-    if latency is None or bandwidth is None:
-        from umsearch.measure.link import measure_link
+    _finite(latency, "--link-latency-ms", 0.0, MAX_MS, "0.01")
+    _finite(bandwidth, "--link-bandwidth-gbps", 0.0, MAX_BYTES, "100", positive=True)
+    if preset is not None:
+        if latency is not None:
+            raise ProfilingError(f"--link-preset {preset} and --link-latency-ms/--link-bandwidth-gbps both state the "
+                                 "link; give one of them")  # fmt: skip
+        chosen = PRESETS[preset]
+        return LinkChoice(latency_ms=chosen.latency_ms, bandwidth_gb_per_s=chosen.bandwidth_gb_per_s, preset=preset)
+    if latency is None and device.type == "cuda" and torch.cuda.device_count() < 2:
+        chosen = PRESETS[ONE_GPU_DEFAULT]
+        return LinkChoice(latency_ms=chosen.latency_ms, bandwidth_gb_per_s=chosen.bandwidth_gb_per_s,
+                          preset=ONE_GPU_DEFAULT)  # fmt: skip
+    return LinkChoice(latency_ms=latency, bandwidth_gb_per_s=bandwidth, preset=None)
 
-        with console.status("measuring the link (two processes, point to point)..."):
-            latency, bandwidth, _ = measure_link("nccl" if device == "cuda" else "gloo")
-        console.print(f"link: {latency:.3f} ms latency, {bandwidth:.2f} GB/s (measured)")
+
+def link_source(choice: LinkChoice, defaulted: bool) -> dict[str, Any]:
+    """The profile's ``link_source`` record: how the link was obtained, in words and numbers."""
+    if choice.preset is not None:
+        preset = PRESETS[choice.preset]
+        how = "stated: default preset, one GPU cannot measure a link" if defaulted else "stated: --link-preset"
+        return {"measured": False, "how": how, **preset.to_json()}
+    if choice.stated:
+        return {"measured": False, "how": "stated: --link-latency-ms and --link-bandwidth-gbps",
+                "latency_ms": choice.latency_ms, "bandwidth_gb_per_s": choice.bandwidth_gb_per_s}  # fmt: skip
+    return {"measured": True, "how": "two processes, point to point (umsearch.measure.link)"}
+
+
+def resolve_link(choice: LinkChoice, device: torch.device, defaulted: bool) -> Link:
+    """The link: stated (said once on screen), or measured between two processes (NCCL on two GPUs)."""
+    if choice.latency_ms is not None and choice.bandwidth_gb_per_s is not None:
+        where = f"preset {choice.preset}" if choice.preset else "flags"
+        why = (f" (one GPU cannot measure a link; give --link-preset {'|'.join(PRESETS)} or "
+               "--link-latency-ms/--link-bandwidth-gbps for your interconnect)") if defaulted else ""  # fmt: skip
+        console.print(f"link: stated, not measured: {choice.latency_ms:g} ms latency, {choice.bandwidth_gb_per_s:g} "
+                      f"GB/s ({where}){why}")  # fmt: skip
+        return Link(latency_ms=choice.latency_ms, bandwidth_gb_per_s=choice.bandwidth_gb_per_s)
+    from umsearch.measure.link import measure_link
+
+    with console.status("measuring the link (two processes, point to point)..."):
+        latency, bandwidth, _ = measure_link("nccl" if device.type == "cuda" else "gloo")
+    console.print(f"link: {latency:.3f} ms latency, {bandwidth:.2f} GB/s (measured)")
     return Link(latency_ms=latency, bandwidth_gb_per_s=bandwidth)
+
+
+def _memory_cap(limit_gb: float | None, device: torch.device) -> float | None:
+    """``--memory-limit-gb`` in bytes; on a GPU also the allocator's own limit (so the cap is real)."""
+    if limit_gb is None:
+        return None
+    _finite(limit_gb, "--memory-limit-gb", 0.0, 1e6, "80", positive=True)
+    cap = limit_gb * 1e9
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        if cap > total:
+            raise ProfilingError(f"--memory-limit-gb {limit_gb:g} is more than the GPU's {total / 1e9:.1f} GB; give "
+                                 f"at most {total / 1e9:.0f}")  # fmt: skip
+        torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    return cap
 
 
 def _device(device: str) -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise ProfilingError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
-    return torch.device(device)
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
 
 
 def _progress() -> Progress:
@@ -161,11 +247,16 @@ def _check(path: str, model: str | None, args: tuple[str, ...], device: str | No
     from umsearch.measure.check import check_profile, check_steps
     from umsearch.nn.models import build_model
 
+    if out:
+        check_output_file(out, "--out")
     stored = load_profile(path)
     spec = _spec(model, args, stored, path)
     built = build_model(spec)
     dev = _device(device or ("cuda" if stored.device.startswith("cuda") else "cpu"))
-    config = ProfileConfig(sizes=stored.microbatch_sizes, device=dev, repeats=repeats or CHECK_REPEATS, pool=not no_pool)
+    precision = Precision(profile_precision(stored) or "fp32")  # re-measure as it was measured
+    check_precision(precision, dev)
+    config = ProfileConfig(sizes=stored.microbatch_sizes, device=dev, repeats=repeats or CHECK_REPEATS, pool=not no_pool,
+                           precision=precision)  # fmt: skip
     with _progress() as bar:
         task = bar.add_task("checking", total=check_steps(stored, config))
         report = check_profile(stored, built, config, tick=lambda what: bar.update(task, advance=1, description=escape(what)))
@@ -176,18 +267,21 @@ def _check(path: str, model: str | None, args: tuple[str, ...], device: str | No
         console.print(f"wrote {escape(str(write_json(out, report)))}")
 
 
-def _measure(model: str, spec: ModelSpec, config: ProfileConfig, link: Link) -> Profile:
-    from umsearch.nn.models import build_model
+def _measure(built: Any, spec: ModelSpec, config: ProfileConfig, link: Link) -> Profile:
     from umsearch.measure.profiler import profile_model
 
-    built = build_model(spec)
     with _progress() as bar:
         task = bar.add_task("profiling", total=None)
         prof = profile_model(built, spec, config, link=link,
                              tick=lambda what, total: bar.update(task, advance=1, total=total, description=escape(what)))  # fmt: skip
-    if prof.microbatch_sizes != config.sizes:
-        console.print(f"[yellow]sizes above {prof.microbatch_sizes[-1]} ran out of memory and were skipped[/]")
+    note = prof.extra["measurement"]["memory"]["note"]
+    if note:
+        console.print(f"[yellow]{escape(note)}[/]")
     return prof
+
+
+def _default_out(model: str) -> str:
+    return f"{model.replace(':', '_').replace('.', '_').replace('/', '_')}_profile.json"
 
 
 @click.command("profile")
@@ -195,11 +289,20 @@ def _measure(model: str, spec: ModelSpec, config: ProfileConfig, link: Link) -> 
 @click.option("--arg", "args", multiple=True, help="Model argument KEY=VALUE (repeatable).")
 @click.option("--sizes", default=None, help=f"Microbatch sizes to measure, including 1.  [default: {DEFAULT_SIZES}]")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where to measure.  [default: cpu]")
+@click.option("--dtype", "dtype", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="Training precision: fp32; tf32 (GPU: TF32 matmuls and convolutions); bf16 or fp16 autocast "
+                   "(fp16 with loss scaling). Runs of plans from this profile use the same.")  # fmt: skip
 @click.option("--repeats", type=int, default=None,
               help=f"Timed rounds; each measures every layer at every size once (median and spread over rounds).  "
                    f"[default: {DEFAULT_REPEATS}; {CHECK_REPEATS} with --check]")  # fmt: skip
 @click.option("--threads", type=int, default=None, help="CPU intra-op threads (as in the runtime).  [default: 1]")
 @click.option("--no-pool", is_flag=True, help="Measure every layer on its own, even structurally identical ones.")
+@click.option("--memory-limit-gb", type=float, default=None,
+              help="Use at most this much memory (GB) for the profile; on a GPU also the allocator's limit.  "
+                   "[default: the free memory]")  # fmt: skip
+@click.option("--link-preset", type=click.Choice(list(PRESETS)), default=None,
+              help="State the link as a named interconnect (see README, 'Planning for GPUs').  [default: measured; "
+                   f"on one GPU, {ONE_GPU_DEFAULT}]")  # fmt: skip
 @click.option("--link-latency-ms", type=float, default=None, help="State the link latency instead of measuring it.")
 @click.option("--link-bandwidth-gbps", type=float, default=None, help="State the link bandwidth (GB/s) instead of measuring it.")
 @click.option("--check", "check", type=click.Path(dir_okay=False), default=None,
@@ -208,10 +311,10 @@ def _measure(model: str, spec: ModelSpec, config: ProfileConfig, link: Link) -> 
               help="Then fit the runtime's per-action and per-message costs (as umsearch calibrate does).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Output file (default MODEL_profile.json; with --check, where to write the drift report).")  # fmt: skip
-def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None, device: str | None,
-                    repeats: int | None, threads: int | None, no_pool: bool, link_latency_ms: float | None,
-                    link_bandwidth_gbps: float | None, check: str | None, calibrate_too: bool,
-                    out: str | None) -> None:  # fmt: skip
+def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None, device: str | None, dtype: str,
+                    repeats: int | None, threads: int | None, no_pool: bool, memory_limit_gb: float | None,
+                    link_preset: str | None, link_latency_ms: float | None, link_bandwidth_gbps: float | None,
+                    check: str | None, calibrate_too: bool, out: str | None) -> None:  # fmt: skip
     """Measure MODEL (zoo name or package.module:function) layer by layer.
 
     With --check PROFILE, re-measure part of a stored profile instead (MODEL defaults to the one
@@ -229,12 +332,29 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
     if model is None:
         raise ProfilingError("name the model to profile (a zoo name: gpt, vgg16, mlp; or package.module:function), "
                              "or pass --check PROFILE")  # fmt: skip
-    dev = _device(device or "cpu")
-    torch.set_num_threads(threads or 1)
+    # Everything a user can get wrong is refused here, before anything is built or measured.
     spec = ModelSpec(source=model, args=dict(parse_arg(a) for a in args))
-    link = _link(link_latency_ms, link_bandwidth_gbps, dev.type)
-    config = ProfileConfig(sizes=size_list, device=dev, repeats=repeats or DEFAULT_REPEATS, pool=not no_pool)
-    prof = _measure(model, spec, config, link)
+    path = check_output_file(out or _default_out(model), "--out")
+    dev = _device(device or "cpu")
+    precision = Precision(dtype)
+    check_precision(precision, dev)
+    if calibrate_too and (precision.name != "fp32" or dev.type != "cpu"):
+        # The probes of umsearch calibrate run fp32 on CPU ranks: they would fit another machine's costs.
+        raise ProfilingError(f"--calibrate runs its probe plans in fp32 on CPU ranks, not in {precision.name} on "
+                             f"{dev.type}; drop --calibrate (or profile with --device cpu --dtype fp32 to calibrate)")  # fmt: skip
+    choice = link_choice(link_latency_ms, link_bandwidth_gbps, link_preset, dev)
+    defaulted = choice.preset is not None and link_preset is None
+    cap = _memory_cap(memory_limit_gb, dev)
+    torch.set_num_threads(threads or 1)
+    from umsearch.nn.models import build_model
+
+    built = build_model(spec)
+    config = ProfileConfig(sizes=size_list, device=dev, repeats=repeats or DEFAULT_REPEATS, pool=not no_pool,
+                           precision=precision, memory_cap_bytes=cap)  # fmt: skip
+    # Compute first, link last: a model that cannot be profiled wastes no link measurement.
+    prof = _measure(built, spec, config, Link(latency_ms=0.0, bandwidth_gb_per_s=1.0))
+    prof = replace(prof, link=resolve_link(choice, dev, defaulted),
+                   extra={**prof.extra, "link_source": link_source(choice, defaulted)})  # fmt: skip
     console.print(profile_table(prof, model))
     print_quality(prof)
     if calibrate_too:
@@ -246,6 +366,5 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
         console.print(f"op overhead {report['op_overhead_ms']:.4f} ms, message overhead "
                       f"{report['message_overhead_ms']:.4f} ms; probe error {report['mape_percent_bare']:.1f}% "
                       f"-> {report['mape_percent']:.1f}%")  # fmt: skip
-    path = Path(out or f"{model.replace(':', '_').replace('.', '_')}_profile.json")
     save_profile(prof, path)
     console.print(f"wrote {escape(str(path))}")

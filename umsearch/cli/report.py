@@ -1,26 +1,26 @@
-"""Write a search's outputs, all or nothing: plan, Pareto front, baselines, report and pictures.
+"""Write a search's outputs: plan, Pareto front, baselines, report and pictures.
 
-Every file is first written into a fresh temporary folder beside the output
-folder; only when all of them are there does that folder take the output's
-place (one rename; an older output is moved aside first and removed after).
-So a Ctrl-C, a full disk or a second search into the same ``--out`` never
-leaves a mix of files from two runs or a half-written set.
+Every file is first written into a staging folder inside the output folder;
+only when all of them are there are they renamed into place, ``plan.json``
+last (:class:`umsearch.core.outputs.OutputFolder`). Files the user keeps in the
+folder are left alone: only what the previous search wrote there (its
+manifest) is replaced or removed, and never an input the search read. So a
+Ctrl-C, a full disk or a second search into the same ``--out`` never leaves a
+half-written plan, and never costs the user a file.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from umsearch.cli.console import OutputError
 from umsearch.cli.tables import format_bytes
 from umsearch.core.cost import CostModel
+from umsearch.core.errors import OutputError
 from umsearch.core.jsonio import write_json, write_text_atomic
+from umsearch.core.outputs import OutputFolder
 from umsearch.core.plan import PlanDocument, save_document
 from umsearch.core.profile import Profile, file_sha256
 from umsearch.search.driver import SearchResult
@@ -86,7 +86,7 @@ def document(s: Scored, space: SearchSpace, profile: Profile, profile_path: Path
     """A plan file's contents: the plan, its prediction, and where it came from."""
     res = simulate(s.plan, CostModel(profile, state_factor=space.state_factor))
     meta: dict[str, Any] = {"profile": str(profile_path.resolve()), "profile_sha256": file_sha256(profile_path),
-                            "state_factor": space.state_factor, "search_space": space.to_json(), "seed": space.seed,
+                            "state_factor": space.state_factor, "search_space": space.to_json(), "seed": space.search.seed,
                             "source": source}  # fmt: skip
     if "model_spec" in profile.extra:
         meta["model"] = profile.extra["model_spec"]
@@ -97,7 +97,7 @@ def _report_md(result: SearchResult, space: SearchSpace, profile: Profile, profi
     rows = comparison_rows(result)
     lines = [f"# umsearch plan: {space.name}", "",
              f"Profile `{profile_path}` ({profile.model}, {profile.device}); R={space.ranks}, "
-             f"B={space.global_batch}, memory limit {format_bytes(space.memory_limit)}, seed {space.seed}.", "",
+             f"B={space.global_batch}, memory limit {format_bytes(space.memory_limit)}, seed {space.search.seed}.", "",
              "| plan | iteration ms | umsearch speedup | peak memory | how |", "|---|---:|---:|---:|---|"]  # fmt: skip
     lines += ["| " + " | ".join([*_cells(r), r["method"]]) + " |" for r in rows]
     gap = result.best.iteration_ms / result.lower_bound_ms - 1
@@ -152,39 +152,24 @@ def _write_all(result: SearchResult, space: SearchSpace, profile: Profile, folde
     write_chrome_trace(sim.records, folder / "trace.json", source="predicted")
 
 
-def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, out: Path, pick: int = 0) -> dict[str, Path]:
-    """Write every output file under ``out`` in one step (see the module docstring); returns name -> path.
+def output_folder(out: str | Path, space: SearchSpace, space_path: str | None) -> OutputFolder:
+    """The search's ``--out`` folder, checked before the search starts (see :class:`OutputFolder`).
+
+    The space TOML and the profile are the search's inputs: never replaced or removed.
+    """
+    inputs = [Path(space.profile), *([Path(space_path)] if space_path else [])]
+    return OutputFolder(out, "--out", inputs=inputs, expected=FILES, last=("plan.json",))
+
+
+def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, out: OutputFolder,
+                  pick: int = 0) -> dict[str, Path]:  # fmt: skip
+    """Write every output file into ``out`` (see the module docstring); returns name -> path.
 
     ``pick`` chooses the Pareto point written as ``plan.json`` (0: the fastest).
     """
     if not 0 <= pick < len(result.pareto):
         raise OutputError(f"--pick {pick}: the Pareto front has {len(result.pareto)} plans (0..{len(result.pareto) - 1})")
-    out = Path(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as exc:
-        raise OutputError(f"cannot write into {str(out.parent)!r}: {exc.strerror}; choose another --out") from None
-    old: Path | None = None
-    try:
-        os.chmod(tmp, 0o755)
-        _write_all(result, space, profile, tmp, pick)
-        if out.exists() and not out.is_dir():
-            raise OutputError(f"--out {str(out)!r} is a file; give a folder")
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.replace(out, old / "previous")
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            if old is not None:  # put the previous outputs back
-                os.replace(old / "previous", out)
-            raise
-    except OSError as exc:
-        raise OutputError(f"cannot write the outputs into {str(out)!r}: {exc.strerror}; nothing was changed") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    paths = {name.split(".")[0] + ("_png" if name == "pareto.png" else ""): out / name for name in FILES}
-    return {**paths, "baseline_plans": out / "baselines"}
+    out.write(lambda stage: _write_all(result, space, profile, stage, pick))
+    folder = out.path
+    paths = {name.split(".")[0] + ("_png" if name == "pareto.png" else ""): folder / name for name in FILES}
+    return {**paths, "baseline_plans": folder / "baselines"}

@@ -10,7 +10,8 @@ runs only when it is a zoo model, when the user names it with ``--model``, or
 with ``--trust-model-code`` (:func:`umsearch.runtime.factory.resolve_plan`);
 ``--print-launch`` imports and builds nothing. Every failure is one line
 (user text escaped for rich), exit code 1; SIGTERM, SIGHUP or Ctrl-C stop every
-process of the run, remove its temporary files and exit with code 130.
+process of the run, remove its temporary files and exit with 128 + the signal's
+number, as a shell reports it (SIGTERM 143, SIGHUP 129, Ctrl-C 130).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from umsearch.cli.console import abort as _fail
 from umsearch.cli.console import console, debug_enabled, err_console, write_output
@@ -100,7 +103,8 @@ def split_values(values: dict[str, Any]) -> tuple[RunConfig, ModelChoice, dict[s
 
 
 def one_line_errors(f: Callable[..., None]) -> Callable[..., None]:
-    """Run a command; a user error or a failed write is one red line (exit 1), a signal exit 130."""
+    """Run a command; a user error or a failed write is one red line (exit 1), a signal exit 128 + its
+    number (SIGTERM 143, SIGINT 130)."""
 
     @functools.wraps(f)
     def run(*args: Any, **kwargs: Any) -> None:
@@ -111,8 +115,9 @@ def one_line_errors(f: Callable[..., None]) -> Callable[..., None]:
         except LaunchInterrupted as exc:
             import signal
 
+            # The shell's convention: 128 + the signal's number (SIGTERM 143, SIGHUP 129, SIGINT 130).
             _fail(f"interrupted by {signal.Signals(exc.signum).name}: stopped torchrun and every rank, removed "
-                  "the run's temporary files; nothing was written", 130)  # fmt: skip
+                  "the run's temporary files; nothing was written", 128 + exc.signum)  # fmt: skip
         except KeyboardInterrupt:
             _fail("interrupted; nothing was written", 130)
         except UmsearchError as exc:
@@ -168,13 +173,24 @@ def _warn(lines: list[str]) -> None:
 def load_checked(plan_path: str, choice: ModelChoice, *, require_profile: bool = False) -> LoadedPlan:
     """The plan with profile and model, refused (before anything starts, without running model code)
     when its model may not run, it deadlocks, or it does not fit its profile."""
-    from umsearch.runtime.factory import require_trusted, resolve_plan
+    from umsearch.runtime.factory import check_spec_size, require_trusted, resolve_plan
     from umsearch.runtime.preflight import preflight
 
     loaded = resolve_plan(plan_path, choice, require_profile=require_profile)
-    require_trusted(loaded)
+    check_spec_size(require_trusted(loaded))  # before anything is built, --print-launch included
     preflight(loaded.plan, None, loaded.cost() if loaded.profile is not None else None)
     return loaded
+
+
+def measured_on(loaded: LoadedPlan, cfg: RunConfig) -> tuple[RunConfig, Any]:
+    """``cfg`` with the run's precision settled against the plan's profile (another one is refused), and
+    the comparison (:func:`umsearch.runtime.preflight.check_measured_on`) with its warnings."""
+    from dataclasses import replace
+
+    from umsearch.runtime.preflight import backend_device_type, check_measured_on
+
+    on = check_measured_on(loaded.profile, device_type=backend_device_type(cfg.launch.backend), precision=cfg.precision)
+    return replace(cfg, precision=on.precision), on
 
 
 def predicted_ms(loaded: LoadedPlan) -> float | None:
@@ -199,7 +215,7 @@ def entry_argv(plan_path: str, cfg: RunConfig, choice: ModelChoice | None = None
 
 def _endpoint(text: str) -> str:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port, re.ASCII) or not 0 < int(port) < 65536:
         raise RuntimeExecutionError(f"--rdzv-endpoint {text!r} must be HOST:PORT, e.g. node0.cluster:29500")
     return text
 
@@ -231,15 +247,14 @@ def launch_text(plan_path: str, plan: Plan, cfg: RunConfig, choice: ModelChoice,
         rdzv = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(rdzv_endpoint)}",
                 f"--rdzv-id={rendezvous_id(plan_path, argv)}"]  # fmt: skip
     env = [f"OMP_NUM_THREADS={cfg.launch.threads or 1}"] if cfg.launch.backend == "gloo" else []
-    cmd = [*env, "torchrun", *rdzv, f"--nproc-per-node={per_node}", "--max-restarts=0",
-           *[shlex.quote(a) for a in argv]]  # fmt: skip
+    cmd = [*env, "torchrun", *rdzv, f"--nproc-per-node={per_node}", "--max-restarts=0", *argv]
     where = "GPU cuda:LOCAL_RANK" if cfg.launch.backend == "nccl" else "CPU"
     node = f" (this is node {node_rank})" if node_rank is not None else ""
     lines = [
         f"# {R} rank(s): {nnodes} node(s) x {per_node} process(es), one per rank, each on its {where}.",
         f"# Run this same line on every node{node}, with the same plan file and umsearch installed;"
         + (" the c10d rendezvous gives each node its ranks as it joins." if nnodes > 1 or rdzv_endpoint else ""),
-        " ".join(cmd),
+        " ".join(shlex.quote(word) for word in cmd),  # every word: the plan path and the endpoint are the user's
     ]
     return "\n".join(lines)
 
@@ -268,6 +283,8 @@ def launch_text(plan_path: str, plan: Plan, cfg: RunConfig, choice: ModelChoice,
 def run_command(plan_path: str, **values: Any) -> None:
     """Train PLAN.json's model for a few iterations, one local torchrun process per rank, and time it."""
     cfg, choice, extra = split_values(values)
+    if click.get_current_context().get_parameter_source("warmup_steps") is not ParameterSource.DEFAULT:
+        cfg.check_warmup()  # with --print-launch too: the printed command would time nothing
     if not extra["print_launch"]:
         for name in ("nproc_per_node", "rdzv_endpoint", "node_rank"):
             if extra[name] is not None:
@@ -278,8 +295,10 @@ def run_command(plan_path: str, **values: Any) -> None:
             raise RuntimeExecutionError("--nnodes only shapes the --print-launch command; drop it or add --print-launch")
     for flag, path in (("--out", cfg.out), ("--trace", extra["trace"])):
         if path is not None and not extra["print_launch"]:
-            check_writable(path, flag)
+            check_writable(path, flag, [plan_path])
     loaded = load_checked(plan_path, choice)
+    cfg, on = measured_on(loaded, cfg)  # the ranks (and a printed launch line) get the precision explicitly
+    _warn(list(on.warnings))
     if extra["print_launch"]:
         click.echo(launch_text(plan_path, loaded.plan, cfg, choice, nnodes=extra["nnodes"],
                                nproc_per_node=extra["nproc_per_node"], rdzv_endpoint=extra["rdzv_endpoint"],
@@ -363,17 +382,28 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
     cfg, choice, extra = split_values(values)
     out = extra["out_path"]
     if out is not None:
-        check_writable(out, "--out")
+        check_writable(out, "--out", plan_paths)
     contenders = []
+    other_device: list[str] = []  # plans whose profile was measured on another device type
     warned: set[str] = set()
+    held_out: dict[str, float | None] = {}  # per profile: how far its predictions held on plans left out of its fit
     for path in plan_paths:
         loaded = load_checked(path, choice, require_profile=True)
-        fresh = [w for w in run_warnings(loaded, cfg) if w not in warned]
+        cfg, on = measured_on(loaded, cfg)  # one precision for all plans: the first profile's, unless --dtype
+        if on.device_differs:
+            other_device.append(path)
+        fresh = [w for w in [*run_warnings(loaded, cfg), *on.warnings] if w not in warned]
         _warn(fresh)
         warned.update(fresh)
         contenders.append(contender(path, loaded, cfg.seed))
+        if loaded.profile is not None and str(loaded.profile_path) not in held_out:
+            from umsearch.orchestrate.trust import held_out_error, trust_line
+
+            held_out[str(loaded.profile_path)] = held_out_error(loaded.profile)
+            err_console.print(trust_line(loaded.profile, str(loaded.profile_path)), soft_wrap=True, markup=False)
     report = measure_contenders(contenders, cfg, rounds=extra["rounds"])
-    doc = fidelity_document(report, cfg, cpus=usable_cpus())
+    doc = {**fidelity_document(report, cfg, cpus=usable_cpus()), "profile_held_out_mape_percent": held_out,
+           "precision": cfg.precision, "profiled_on_other_device": other_device}  # fmt: skip
     if out:
         from umsearch.core.jsonio import write_json
 
@@ -382,6 +412,10 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
         click.echo(json.dumps(doc))
         return
     _print_fidelity(report, out)
+    if other_device:
+        console.print(f"[yellow]not a model error:[/] the profile of {len(other_device)} plan(s) was measured on "
+                      "another device type than this run's, so the error above compares devices; profile on this "
+                      "device to validate the model")  # fmt: skip
 
 
 def _pct(x: float | None) -> str:

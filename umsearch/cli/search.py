@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,18 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from umsearch.cli.console import console
-from umsearch.cli.report import comparison_rows, comparison_table, summary_line, write_outputs
+from umsearch.cli.report import (
+    comparison_rows,
+    comparison_table,
+    output_folder,
+    summary_line,
+    write_outputs,
+)
 from umsearch.core.data import default_space
 from umsearch.core.profile import load_profile
 from umsearch.search.driver import Progress as SearchProgress
 from umsearch.search.driver import SearchResult, run_search
-from umsearch.search.space import PLACEMENTS, build_space, load_space
+from umsearch.search.space import build_space, load_space, options
 
 
 def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
@@ -33,21 +40,38 @@ def _names(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
+_TYPES: dict[str, Any] = {"int": int, "float": float, "size": str, "text": str,
+                          "path": click.Path(dir_okay=False)}  # fmt: skip
+
+
+def _space_flag(o: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option of one search-space key, from its metadata (:func:`umsearch.search.space.options`)."""
+    help_text = f"{o['help'].replace('`', '')} ({o['key']})"
+    kind, flag, dest = o["kind"], o["flag"], o["dest"]
+    if kind == "bool":
+        return click.option(f"{flag}/--no-{flag[2:]}", dest, default=None, help=help_text)
+    if kind == "choice":
+        return click.option(flag, dest, type=click.Choice(list(o["choices"])), help=help_text)
+    if kind in ("ints", "names"):
+        return click.option(flag, dest, callback=_int_list if kind == "ints" else _names,
+                            help=help_text + (", comma-separated" if kind == "names" else ", e.g. 1,2"))  # fmt: skip
+    return click.option(flag, dest, type=_TYPES[kind], help=help_text)
+
+
+def space_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Every search-space key as a flag (overriding the TOML), plus ``--stages``, the alias of ``--ranks``."""
+    command = click.option("--stages", type=int, help="Alias of --ranks (version 1 spaces called the devices stages).")(
+        command)  # fmt: skip
+    for o in reversed(options()):
+        command = _space_flag(o)(command)
+    return command
+
+
 @click.command("search")
 @click.argument("space_path", metavar="[SPACE.toml]", required=False, type=click.Path(dir_okay=False))
-@click.option("--profile", type=click.Path(dir_okay=False), help="Profile JSON (overrides the space's).")
-@click.option("--ranks", type=int, help="Pipeline devices R.")
-@click.option("--stages", type=int, help="Alias of --ranks (version 1 spaces called the devices stages).")
-@click.option("--batch", "global_batch", type=int, help="Global batch B.")
-@click.option("--memory-limit", help="Per-device limit, e.g. 80GiB, 16GB or bytes.")
-@click.option("--stages-per-rank", callback=_int_list, help="Chunks a rank may hold, e.g. 1,2,3.")
-@click.option("--placement", type=click.Choice(list(PLACEMENTS)), help="Placement of chunks on ranks.")
-@click.option("--split-backward/--no-split-backward", default=None, help="Allow backwards split into I and W.")
-@click.option("--peers", callback=_names, help="Peer schedules to compare with, e.g. 1F1B,ZBVZeroBubble.")
-@click.option("--seed", type=int, help="Random seed (same seed, same plan).")
-@click.option("--generations", type=int, help="NSGA-II generations.")
-@click.option("--time-budget", "time_budget_s", type=float, help="Stop after this many seconds.")
-@click.option("--out", type=click.Path(file_okay=False), help="Output folder (default results/<space name>/).")
+@space_flags
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Output folder (default results/<space name>/); files of yours in it are kept.")  # fmt: skip
 @click.option("--pick", type=click.IntRange(min=0), default=0, show_default=True,
               help="Which Pareto point to write as plan.json (0: the fastest; report.md lists them).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables.")
@@ -59,10 +83,12 @@ def search_command(space_path: str | None, out: str | None, pick: int, as_json: 
         space_path = str(default_space())
     values = {k: v for k, v in flags.items() if v is not None}
     space = load_space(space_path, values) if space_path else build_space(values)
+    # An empty --out is a mistake, not a request for the default folder.
+    folder = output_folder(Path("results") / space.name if out is None else out, space, space_path)
     profile = load_profile(space.profile)
     result = _run(space, profile, quiet or as_json)
-    target = Path(out) if out else Path("results") / space.name
-    paths = write_outputs(result, space, profile, target, pick)
+    paths = write_outputs(result, space, profile, folder, pick)
+    target = folder.path
     if as_json:
         click.echo(json.dumps({
             "iteration_ms": result.best.iteration_ms, "peak_memory_bytes": list(result.best.peak_memory_bytes),
@@ -90,7 +116,7 @@ def _run(space: Any, profile: Any, quiet: bool) -> SearchResult:
 
 
 def _print(result: SearchResult, space: Any, profile: Any, quiet: bool, paths: dict[str, Path]) -> None:
-    budget = space.time_budget_s
+    budget = space.search.time_budget_s
     if not quiet:
         from umsearch.cli.tables import plan_tables
         from umsearch.core.cost import CostModel

@@ -35,5 +35,9 @@ class ProfilingError(UmsearchError):
     """Measuring a model failed in a way the user can fix (bad model, no CUDA, ...)."""
 
 
+class OutputError(UmsearchError):
+    """An output file or folder cannot be written (or writing it would destroy something)."""
+
+
 class RuntimeExecutionError(UmsearchError):
     """Executing a plan with the distributed runtime failed."""

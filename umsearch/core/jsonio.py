@@ -1,8 +1,11 @@
-"""Atomic, versioned JSON files.
+"""Atomic, versioned JSON files, and the one input layer every file umsearch reads goes through.
 
 Every file umsearch writes goes through :func:`write_json` (temp file in the
-same directory, fsync, rename) so that a crash or Ctrl-C never leaves half a
-plan behind.
+same directory, fsync, rename; see :mod:`umsearch.core.outputs`) so that a
+crash or Ctrl-C never leaves half a plan behind. Every file it reads goes
+through :func:`read_text` (:func:`read_json`, :func:`read_toml`), which refuses
+a bad path, a file that is not a regular UTF-8 file, and content nested too
+deep or holding text that is not Unicode, each in one line.
 """
 
 from __future__ import annotations
@@ -10,34 +13,25 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from umsearch.core.errors import UmsearchError
+from umsearch.core.outputs import write_output_file
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` so readers see the old file or the new one, never a mix."""
-    return write_bytes_atomic(path, text.encode("utf-8"))
+    """Write ``text`` (UTF-8) to ``path`` so readers see the old file or the new one, never a mix.
+
+    See :func:`umsearch.core.outputs.write_output_file` (a device is written through, never replaced).
+    """
+    return write_output_file(path, text)
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same directory, fsync and rename."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    """Write ``data`` to ``path`` atomically (:func:`umsearch.core.outputs.write_output_file`)."""
+    return write_output_file(path, data)
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
@@ -51,13 +45,47 @@ MAX_JSON_DEPTH = 64
 """Deepest nesting of JSON arrays and objects accepted (a plan or profile needs four)."""
 
 
+MAX_PATH_BYTES = 4096
+"""Longest input path (Linux's PATH_MAX); each name in it at most 255 bytes."""
+
+
+def shown_path(text: str, limit: int = 80) -> str:
+    """``text`` quoted for a message, cut to ``limit`` characters (a 100,000-character path is not echoed)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def check_input_path(path: str | os.PathLike[str], what: str, error: type[UmsearchError]) -> Path:
+    """``path`` as a :class:`Path`, or ``error`` when no file can have that name.
+
+    Refused before the file system is asked (where they raise ``ValueError`` or
+    ``OSError`` instead of answering): an empty path, a NUL byte, text the file
+    system cannot encode, a path over :data:`MAX_PATH_BYTES` bytes or a name
+    over 255 bytes. ``what`` names the file in messages (``"profile"``).
+    """
+    text = os.fsdecode(path)
+    if text == "":
+        raise error(f"the {what} path is empty; give the path of a {what} file")
+    if "\0" in text:
+        raise error(f"the {what} path {shown_path(text)} contains a NUL byte; give a path without one")
+    try:
+        raw = os.fsencode(text)
+    except UnicodeEncodeError:
+        raise error(f"the {what} path {shown_path(text)} is not a file name (it holds text that is not "
+                    "Unicode); give a plain path") from None  # fmt: skip
+    if len(raw) > MAX_PATH_BYTES or any(len(part) > 255 for part in raw.split(b"/")):
+        raise error(f"the {what} path {shown_path(text)} is too long ({len(raw)} bytes; the limits are "
+                    f"{MAX_PATH_BYTES} for a path and 255 for a name); give the real path")  # fmt: skip
+    return Path(text)
+
+
 def read_text(path: str | os.PathLike[str], what: str, error: type[UmsearchError]) -> str:
     """The UTF-8 text of a regular file, raising ``error`` with the path and the reason when it cannot.
 
-    FIFOs, devices and directories are refused before opening (reading a FIFO
-    would block forever), and so are files over :data:`MAX_INPUT_BYTES`.
+    The path must pass :func:`check_input_path`. FIFOs, devices and
+    directories are refused before opening (reading a FIFO would block
+    forever), and so are files over :data:`MAX_INPUT_BYTES`.
     """
-    p = Path(path)
+    p = check_input_path(path, what, error)
     try:
         info = p.stat()
     except FileNotFoundError:
@@ -95,6 +123,27 @@ def _depth(obj: Any, limit: int) -> bool:
     return True
 
 
+def _not_unicode(obj: Any) -> str | None:
+    """The first string (key or value) in ``obj`` holding a lone surrogate (JSON's ``"\\ud800"``), else None.
+
+    Such text cannot be written as UTF-8 (a report, a table) or used as a file name.
+    """
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item
+    return None
+
+
 def read_json(path: str | os.PathLike[str], what: str, error: type[UmsearchError]) -> Any:
     """Parse a JSON file, raising ``error`` with the path and the reason when it cannot.
 
@@ -119,4 +168,28 @@ def read_json(path: str | os.PathLike[str], what: str, error: type[UmsearchError
         raise error(f"{what} file {str(p)!r}: {exc}") from None
     if not _depth(obj, MAX_JSON_DEPTH):
         raise error(f"{what} file {str(p)!r} nests deeper than {MAX_JSON_DEPTH} levels; it is no {what}")
+    bad = _not_unicode(obj)
+    if bad is not None:
+        raise error(f"{what} file {str(p)!r} holds the text {ascii(bad)[:80]}, which is not Unicode (a lone "
+                    "surrogate escape such as \\ud800); write the character itself")  # fmt: skip
     return obj
+
+
+def read_toml(path: str | os.PathLike[str], what: str, error: type[UmsearchError]) -> dict[str, Any]:
+    """Parse a TOML file, raising ``error`` with the path and the reason when it cannot.
+
+    Beyond :func:`read_text`'s checks: nesting at most :data:`MAX_JSON_DEPTH`
+    deep (``tomllib`` recurses, so a file nested 100,000 deep would otherwise
+    overflow the stack).
+    """
+    p = Path(path)
+    text = read_text(p, what, error)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{what} {str(p)!r} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise error(f"{what} {str(p)!r} nests deeper than {MAX_JSON_DEPTH} levels; it is no {what}") from None
+    if not _depth(doc, MAX_JSON_DEPTH):
+        raise error(f"{what} {str(p)!r} nests deeper than {MAX_JSON_DEPTH} levels; it is no {what}")
+    return doc

@@ -16,7 +16,7 @@ from typing import Any
 
 from umsearch.core.errors import ModelSpecError
 
-ZOO_NAMES = ("gpt", "vgg16", "mlp")
+ZOO_NAMES = ("gpt", "vgg16", "mlp", "hybrid")
 """Models that ship with umsearch (:mod:`umsearch.nn.zoo`); the only sources a file may name freely."""
 
 _ARG_TYPES = (str, int, float, bool)

@@ -120,8 +120,8 @@ def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "sched
     from umsearch.core.export import pipelining_csv
 
     if not plan.equal_microbatches:
-        raise PlanError("torchtitan runs equal microbatches only; this plan's differ between stages or "
-                        "microbatches (export its best equal baseline, or run it with umsearch run)")  # fmt: skip
+        raise PlanError("the plan has unequal microbatches (they differ between stages); torchtitan runs "
+                        "equal microbatches only")  # fmt: skip
     sizes = plan.stages[0].forward
     if len(set(sizes)) != 1:
         raise PlanError(
@@ -141,6 +141,9 @@ def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "sched
         parallelism["pipeline_parallel_schedule"] = name
     else:
         parallelism["pipeline_parallel_schedule"] = _placement_name(plan)
-        csv = pipelining_csv(plan.actions)
+        try:
+            csv = pipelining_csv(plan.actions)
+        except ValueError as exc:  # an order torch's schedule validation would refuse
+            raise PlanError(f"torch cannot load the plan's order as a schedule CSV: {exc}") from None
         parallelism["pipeline_parallel_schedule_csv"] = csv_path
     return TorchtitanExport(training={"local_batch_size": plan.global_batch}, parallelism=parallelism, csv=csv)

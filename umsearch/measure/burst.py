@@ -13,6 +13,14 @@ zero-bubble schedules; the ``W`` of each split one runs after all of the
 burst's ``B`` and ``I``, deferred as a zero-bubble schedule defers it. All
 three use the runtime's own functions (:mod:`umsearch.nn.backward`), so
 the profile times exactly what the runtime runs.
+
+On the CPU each call is timed by the wall clock. On a GPU a host sync around
+every call would expose the host's launch time that a stage running its layers
+back to back hides (a launch-bound layer timed that way looked twice as slow
+as inside a stage), so calls are queued back to back on the stream between
+CUDA events, and the host waits once, at the end of the burst
+(:class:`Stopwatch`). Forwards run under the precision's autocast, and with
+fp16 the loss is scaled as a loss scaler scales it.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import torch
 
 from umsearch.core.errors import ProfilingError
 from umsearch.nn.backward import WeightWork, backward_full, backward_input, backward_weight
+from umsearch.nn.precision import LossScaler, Precision
 
 QUANTITIES = ("fwd", "bwd", "bwd_input", "bwd_weight")
 """What a burst times, named as the profile's ``{q}_ms`` fields."""
@@ -49,6 +58,8 @@ class Unit:
     """The unit starts the model: its input is data and needs no gradient (as on stage 0)."""
     last: bool
     """The unit ends the model: the loss is part of its forward (as on the last stage)."""
+    precision: Precision = Precision("fp32")
+    """Autocast of the forwards, loss scaling of the last unit."""
 
 
 def _sync(device: torch.device) -> None:
@@ -65,6 +76,40 @@ def timed(device: torch.device, fn: Callable[..., T], *args: Any) -> tuple[T, fl
     return out, (time.perf_counter() - t) * 1e3
 
 
+class Stopwatch:
+    """Times a sequence of calls on ``device``; :meth:`times` gives their ms in call order.
+
+    CPU: each call between two syncs (no-ops) on the wall clock, as :func:`timed`. CUDA: each call
+    between two events recorded on the current stream, no host sync in between; :meth:`times`
+    synchronizes once and reads the events.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._ms: list[float] = []
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, timed."""
+        if self.device.type != "cuda":
+            out, ms = timed(self.device, fn, *args)
+            self._ms.append(ms)
+            return out
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn(*args)
+        end.record()
+        self._events.append((start, end))
+        return out
+
+    def times(self) -> list[float]:
+        """Every call's ms, in call order (on CUDA after one synchronize)."""
+        if self.device.type != "cuda":
+            return list(self._ms)
+        _sync(self.device)
+        return [float(s.elapsed_time(e)) for s, e in self._events]
+
+
 def leaf(x: torch.Tensor, first: bool) -> torch.Tensor:
     """A fresh autograd leaf on ``x``: requiring grad unless it is data (first layer) or not float."""
     x = x.detach()
@@ -74,11 +119,16 @@ def leaf(x: torch.Tensor, first: bool) -> torch.Tensor:
 
 
 def _forward(unit: Unit, x: torch.Tensor) -> torch.Tensor:
-    out = unit.module(x)
-    if not isinstance(out, torch.Tensor):
-        raise ProfilingError(f"layer {type(unit.module).__name__} returned {type(out).__name__}, not a tensor; "
-                             "each layer must map one tensor to one tensor")  # fmt: skip
-    return unit.loss(out, unit.y) if unit.last else out
+    with unit.precision.autocast(x.device):
+        out = unit.module(x)
+        if not isinstance(out, torch.Tensor):
+            raise ProfilingError(f"layer {type(unit.module).__name__} returned {type(out).__name__}, not a tensor; "
+                                 "each layer must map one tensor to one tensor")  # fmt: skip
+        if not unit.last:
+            return out
+        loss = unit.loss(out, unit.y)
+    # A loss scaler's multiplication: the backward then runs on scaled gradients, as in training.
+    return loss * LossScaler.INITIAL if unit.precision.scales_loss else loss
 
 
 def burst(unit: Unit, *, device: torch.device, in_flight: int, split: bool) -> dict[str, list[float]]:
@@ -87,33 +137,33 @@ def burst(unit: Unit, *, device: torch.device, in_flight: int, split: bool) -> d
     Forwards: ``in_flight`` samples. Backwards, last forward first: the odd ones run
     ``I`` (when ``split``), the others ``B``; then the ``W`` of every ``I``. A unit whose output
     needs no gradient (a parameter-free first layer) has no backward: its backward samples are 0.
+    Every graph, gradient and weight-gradient closure is released before it returns.
     """
     params = [p for p in unit.module.parameters() if p.requires_grad]
     leaves = [leaf(unit.x, unit.first) for _ in range(in_flight)]
     roots: list[torch.Tensor] = []
-    out: dict[str, list[float]] = {q: [] for q in QUANTITIES}
+    watch = {q: Stopwatch(device) for q in QUANTITIES}
+    _sync(device)  # nothing queued before the burst runs inside its first interval
     for x in leaves:
-        root, ms = timed(device, _forward, unit, x)
-        roots.append(root)
-        out["fwd"].append(ms)
+        roots.append(watch["fwd"].run(_forward, unit, x))
     if not roots[0].requires_grad:
         n = in_flight - in_flight // 2 if split else in_flight
-        out.update(bwd=[0.0] * n, bwd_input=[0.0] * (in_flight - n), bwd_weight=[0.0] * (in_flight - n))
-        return out
+        fwd = watch["fwd"].times()
+        roots.clear()
+        return {"fwd": fwd, "bwd": [0.0] * n, "bwd_input": [0.0] * (in_flight - n), "bwd_weight": [0.0] * (in_flight - n)}
     grad = None if unit.last else torch.ones_like(roots[0])
     works: list[WeightWork] = []
     for j in reversed(range(in_flight)):
         # Popped, so that each graph is freed by its backward as in a pipeline stage.
         root, x = roots.pop(), leaves.pop()
         if split and j % 2 == 1:
-            (_, work), ms = timed(device, backward_input, root, grad, [x], params)
-            works.append(work)
-            out["bwd_input"].append(ms)
+            works.append(watch["bwd_input"].run(backward_input, root, grad, [x], params)[1])
         else:
-            out["bwd"].append(timed(device, backward_full, root, grad, [x], params)[1])
+            watch["bwd"].run(backward_full, root, grad, [x], params)
         del root, x
     for work in works:
-        out["bwd_weight"].append(timed(device, backward_weight, work)[1])
+        watch["bwd_weight"].run(backward_weight, work)
     works.clear()
+    out = {q: w.times() for q, w in watch.items()}
     unit.module.zero_grad(set_to_none=True)
     return out

@@ -20,7 +20,6 @@ import torch
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import Profile
 from umsearch.measure.fit import iqr, median
-from umsearch.nn.models import BuiltModel
 from umsearch.measure.profiler import (
     ProfileConfig,
     Step,
@@ -32,6 +31,7 @@ from umsearch.measure.profiler import (
     steps,
 )
 from umsearch.measure.rounds import Cell
+from umsearch.nn.models import BuiltModel
 
 SCHEMA = "umsearch.profile_check/1"
 
@@ -96,7 +96,7 @@ def check_profile(
         m.to(config.device)
     sizes = sample_sizes(profile.microbatch_sizes)
     config = replace(config, sizes=tuple(sizes))
-    chain = run_chain(built, sizes, config.device)
+    chain = run_chain(built, sizes, config.device, precision=config.precision, cap_bytes=config.memory_cap_bytes)
     chosen = sample_groups(profile, stored_groups(profile), groups)
     targets = [Target(name=group_name(built.names, g), layers=tuple(g)) for g in chosen]
     cells = [Cell(t, b) for t in range(len(targets)) for b in chain.sizes]

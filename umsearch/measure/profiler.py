@@ -3,15 +3,21 @@
 1. Chain pass: every size runs the model once, layer by layer, each layer fed
    the real output of the one before. It records each layer's input (kept for
    the timing), its output bytes, the bytes autograd saves
-   (:mod:`umsearch.measure.stash`), and its structural signature. Sizes that
-   run out of memory end the list.
+   (:mod:`umsearch.measure.stash`), and its structural signature. Size 1 runs
+   first; from its bytes per sample, a size whose pass would not fit the free
+   memory (:mod:`umsearch.measure.memory`) is never allocated, and sizes that
+   run out of memory anyway end the list.
 2. Pooling: layers with equal signatures (:mod:`umsearch.measure.pooling`)
-   form one group, measured together and given one estimate.
+   form one group, measured together and given one estimate. The memory plan
+   (:func:`umsearch.measure.memory.plan_memory`) gives each group, and each
+   stage-sized range, its graphs in flight and the largest size that fits;
+   the profile keeps the sizes every group fits.
 3. Rounds (:mod:`umsearch.measure.rounds`): after ``warmup_rounds`` untimed
    rounds, ``repeats`` rounds each time every (group, size) cell once in a
    shuffled order, a different member of a group each round. One cell's
-   measurement is a burst (:mod:`umsearch.measure.burst`); the round's sample
-   is the burst's median. A few rounds also time stage-sized ranges (halves
+   measurement is a burst (:mod:`umsearch.measure.burst`) holding one group's
+   graphs, all released before the next cell; the round's sample is the
+   burst's median. A few rounds also time stage-sized ranges (halves
    and quarters of the model) end to end: the calibration check.
 4. Fit (:mod:`umsearch.measure.fit`): per group and quantity, the raw median
    and IQR of the rounds at each size, and the monotone fit over all rounds,
@@ -35,11 +41,20 @@ from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import LayerProfile, Link, Profile
 from umsearch.measure.burst import QUANTITIES, Unit, burst, leaf
 from umsearch.measure.fit import Curve, fit_curve, iqr, median
-from umsearch.nn.models import BuiltModel, ModelSpec
+from umsearch.measure.memory import (
+    MemoryPlan,
+    Need,
+    available_bytes,
+    chain_bytes,
+    gigabytes,
+    plan_memory,
+)
 from umsearch.measure.pooling import Signature, module_signature, pool_groups, tensor_signature
 from umsearch.measure.quality import assess
 from umsearch.measure.rounds import Cell, calibration_rounds, schedule
 from umsearch.measure.stash import saved_bytes, tensor_bytes
+from umsearch.nn.models import BuiltModel, ModelSpec
+from umsearch.nn.precision import Precision, apply_switches
 
 Step = Callable[[str], None]
 """Progress callback: called once per step with a description of the step just done."""
@@ -53,7 +68,14 @@ DEFAULT_REPEATS = 15
 IN_FLIGHT = 8
 """Forwards per burst, every graph kept alive, as a pipeline stage keeps several."""
 
+MIN_IN_FLIGHT = 2
+"""Fewest graphs a burst keeps when memory is short (a pipeline stage keeps at least two, but the last)."""
+
 ORDER = "rounds; each visits every (layer group, size) cell once in a seeded random order"
+
+TIMING = {False: "wall clock around each call (the CPU runs it synchronously)",
+          True: "CUDA events around each call, calls queued back to back on the stream, host syncs only before and after a burst"}  # fmt: skip
+"""How a call is timed, by whether the device is a GPU (see :mod:`umsearch.measure.burst`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,10 +101,22 @@ class ProfileConfig:
     """Measure the split backward (``bwd_input_ms``, ``bwd_weight_ms``)."""
     seed: int = 0
     """Seed of the round order."""
+    precision: Precision = field(default_factory=lambda: Precision("fp32"))
+    """Training precision: autocast of the forwards, loss scaling, TF32 switches."""
+    memory_cap_bytes: float | None = None
+    """At most this many bytes for the profile (weights, kept inputs and bursts); None: the free memory."""
+    min_in_flight: int = MIN_IN_FLIGHT
+    """Fewest graphs in flight the memory plan may choose."""
 
 
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
+
+
+def _release(device: torch.device) -> None:
+    """Hand cached blocks back after an out-of-memory error, so that smaller cells still fit."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------ chain pass
@@ -104,13 +138,22 @@ class Chain:
     """Per layer, everything that must match for two layers to be pooled."""
     input_bytes: float
     """Bytes of one input sample of layer 0."""
+    in_bytes: tuple[float, ...] = ()
+    """Per layer, input bytes per sample."""
+    stopped: str | None = None
+    """Why the sizes end before the requested ones do (memory), None when all ran."""
+
+    def kept_bytes(self) -> float:
+        """Bytes of the inputs the chain keeps for the timing, all sizes together."""
+        return float(sum(tensor_bytes(t) for ts in self.inputs.values() for t in ts))
 
 
-_Row = tuple[float, float, Signature]
-"""Per layer at one size: output bytes per sample, stash bytes per sample, shapes and stash."""
+_Row = tuple[float, float, Signature, float]
+"""Per layer at one size: output, stash and input bytes per sample, and shapes and stash."""
 
 
-def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor, list[_Row]]:
+def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.device,
+              precision: Precision) -> tuple[list[torch.Tensor], torch.Tensor, list[_Row]]:  # fmt: skip
     x, y = (t.to(device) for t in built.make_batch(b, g))
     L = len(built.layers)
     inputs: list[torch.Tensor] = []
@@ -118,41 +161,80 @@ def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.devic
     for i, m in enumerate(built.layers):
         last = i == L - 1
         inp = leaf(x, i == 0)
-        out, stash = saved_bytes(m, inp, (lambda o: built.loss(o, y)) if last else None)
-        if not isinstance(out, torch.Tensor):
-            raise ProfilingError(f"layer {built.names[i]} ({type(m).__name__}) returned {type(out).__name__}, "
-                                 "not a tensor; each layer must map one tensor to one tensor")  # fmt: skip
-        root = built.loss(out, y) if last else out
+        with precision.autocast(device):
+            out, stash = saved_bytes(m, inp, (lambda o: built.loss(o, y)) if last else None)
+            if not isinstance(out, torch.Tensor):
+                raise ProfilingError(f"layer {built.names[i]} ({type(m).__name__}) returned {type(out).__name__}, "
+                                     "not a tensor; each layer must map one tensor to one tensor")  # fmt: skip
+            root = built.loss(out, y) if last else out
         if root.requires_grad:  # one backward warms the code paths the bursts will take
             root.backward(None if last else torch.ones_like(root))
         m.zero_grad(set_to_none=True)
         inputs.append(x.detach())
-        rows.append((tensor_bytes(out) / b, stash / b, (tensor_signature(x), tensor_signature(out), stash)))
+        rows.append((tensor_bytes(out) / b, stash / b, (tensor_signature(x), tensor_signature(out), stash),
+                     tensor_bytes(x) / b))  # fmt: skip
         x = out.detach()
     return inputs, y, rows
 
 
-def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tick: Step | None = None) -> Chain:
-    """Run every size through the model once (see the module doc); sizes that run out of memory end the list."""
+def _suggest(sizes: Sequence[int], top: int) -> str:
+    kept = [b for b in sizes if b <= top]
+    return ",".join(map(str, kept if len(kept) >= 2 else [1, max(2, top)]))
+
+
+def _too_big(b: int, need: float, have: float, per_sample: float, sizes: Sequence[int], capped: bool) -> str:
+    top = int(have // per_sample) if per_sample > 0 else b - 1
+    where = "under --memory-limit-gb" if capped else "free"
+    return (f"size {b} would need about {gigabytes(need)} for the profiler's pass through the model (every "
+            f"layer's input kept, one layer's graph), but {gigabytes(max(have, 0.0))} is {where}; measure sizes "
+            f"up to about {max(top, 1)}, e.g. --sizes {_suggest(sizes, max(top, 1))}")  # fmt: skip
+
+
+def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tick: Step | None = None, *,
+              precision: Precision | None = None, cap_bytes: float | None = None) -> Chain:  # fmt: skip
+    """Run every size through the model once (see the module doc).
+
+    From the bytes of the sizes already run, a size whose pass would need more than the free memory
+    (at most ``cap_bytes`` with the weights and kept inputs) is not allocated: it ends the list, and
+    when that leaves fewer than two sizes, :class:`ProfilingError` says how much it would need. Sizes
+    that run out of memory anyway also end the list.
+    """
+    precision = precision or Precision("fp32")
     g = torch.Generator().manual_seed(0)
     L = len(built.layers)
+    params = float(sum(tensor_bytes(p) for m in built.layers for p in m.parameters()))
     inputs: dict[int, list[torch.Tensor]] = {}
     targets: dict[int, torch.Tensor] = {}
     per_size: list[list[_Row]] = []
+    widest: list[tuple[int, float]] = []
+    kept = 0.0
+    stopped = None
     for b in sizes:
+        if per_size:
+            per_sample_in = sum(r[3] for r in per_size[0])
+            need = chain_bytes(b, per_sample_in, widest)
+            have = available_bytes(device, cap_bytes=cap_bytes, resident_bytes=params + kept)
+            if need > have:
+                stopped = _too_big(b, need, have, need / b, sizes, cap_bytes is not None)
+                break
         try:
-            inputs[b], targets[b], rows = _one_size(built, b, g, device)
+            inputs[b], targets[b], rows = _one_size(built, b, g, device, precision)
         except Exception as exc:
             if not _is_oom(exc):
                 raise
+            _release(device)
+            stopped = f"size {b} ran out of memory in the profiler's pass through the model"
             break
         per_size.append(rows)
+        kept += sum(tensor_bytes(t) for t in inputs[b])
+        widest.append((b, max(b * (r[0] + r[1] + r[3]) for r in rows)))
         if tick:
             tick(f"chain pass b={b}")
     done = tuple(inputs)
     if len(done) < 2:
-        raise ProfilingError(f"only sizes {list(done)} of {list(sizes)} fit in memory; at least two must run "
-                             "(times above the largest are extrapolated from the last two); use a smaller model")  # fmt: skip
+        why = stopped or "the others ran out of memory"
+        raise ProfilingError(f"only sizes {list(done)} of {list(sizes)} fit in memory ({why}); at least two must "
+                             "run (times above the largest are extrapolated from the last two)")  # fmt: skip
     role = ["first" if i == 0 else "last" if i == L - 1 else "inner" for i in range(L)]
     if L == 1:
         role = ["only"]
@@ -161,7 +243,8 @@ def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tic
     return Chain(sizes=done, inputs=inputs, targets=targets,
                  out_bytes=tuple(per_size[-1][i][0] for i in range(L)),
                  stash_bytes=tuple(per_size[-1][i][1] for i in range(L)),
-                 signatures=sigs, input_bytes=float(tensor_bytes(first) / first.shape[0]))  # fmt: skip
+                 signatures=sigs, input_bytes=float(tensor_bytes(first) / first.shape[0]),
+                 in_bytes=tuple(per_size[-1][i][3] for i in range(L)), stopped=stopped)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- rounds
@@ -175,6 +258,8 @@ class Target:
     """The group's members, or the range's layers (ascending, contiguous)."""
     span: bool = False
     """The layers run together as one stage-sized range."""
+    in_flight: int | None = None
+    """Graphs a burst keeps (from the memory plan); None: the config's."""
 
 
 def group_name(names: Sequence[str], members: Sequence[int]) -> str:
@@ -184,7 +269,7 @@ def group_name(names: Sequence[str], members: Sequence[int]) -> str:
     return f"{names[members[0]]}..{names[members[-1]]} ({len(members)} pooled)"
 
 
-def _unit(target: Target, r: int, b: int, built: BuiltModel, chain: Chain) -> Unit:
+def _unit(target: Target, r: int, b: int, built: BuiltModel, chain: Chain, precision: Precision) -> Unit:
     if target.span:
         lo, hi = target.layers[0], target.layers[-1] + 1
         module: torch.nn.Module = torch.nn.Sequential(*built.layers[lo:hi])
@@ -192,7 +277,8 @@ def _unit(target: Target, r: int, b: int, built: BuiltModel, chain: Chain) -> Un
         lo = target.layers[r % len(target.layers)]
         hi, module = lo + 1, built.layers[lo]
     L = len(built.layers)
-    return Unit(module=module, x=chain.inputs[b][lo], y=chain.targets[b], loss=built.loss, first=lo == 0, last=hi == L)
+    return Unit(module=module, x=chain.inputs[b][lo], y=chain.targets[b], loss=built.loss, first=lo == 0, last=hi == L,
+                precision=precision)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,12 +311,14 @@ def measure_cells(
         wall, cpu = time.perf_counter(), time.process_time()
         for cell in cells_r:
             if too_big is None or cell.size < too_big:
+                target = targets[cell.target]
                 try:
-                    got = burst(_unit(targets[cell.target], r, cell.size, built, chain), device=config.device,
-                                in_flight=config.in_flight, split=config.split)  # fmt: skip
+                    got = burst(_unit(target, r, cell.size, built, chain, config.precision), device=config.device,
+                                in_flight=target.in_flight or config.in_flight, split=config.split)  # fmt: skip
                 except Exception as exc:
                     if not _is_oom(exc):
                         raise
+                    _release(config.device)
                     too_big = cell.size
                     got = {}
                 if r >= warm:
@@ -321,57 +409,135 @@ def cpu_share_of(measured: Measured, device: torch.device) -> float | None:
     return float(statistics.median(measured.cpu_share))
 
 
+def _param_bytes(built: BuiltModel, layers: Sequence[int]) -> float:
+    return float(sum(tensor_bytes(p) for i in layers for p in built.layers[i].parameters()))
+
+
+def burst_needs(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]],
+                spans: Sequence[tuple[int, int]]) -> list[Need]:  # fmt: skip
+    """What a burst of each group (one member) and of each stage-sized range keeps, from the chain's bytes."""
+    out, stash, inp = chain.out_bytes, chain.stash_bytes, chain.in_bytes
+    needs = [Need(name=group_name(built.names, g), kept_per_sample=stash[g[0]] + out[g[0]],
+                  transient_per_sample=out[g[0]] + inp[g[0]], fixed=_param_bytes(built, [g[0]])) for g in groups]  # fmt: skip
+    needs += [Need(name=f"layers {lo}..{hi - 1}", kept_per_sample=sum(stash[lo:hi]) + out[hi - 1],
+                   transient_per_sample=out[hi - 1] + inp[lo], fixed=_param_bytes(built, range(lo, hi)))
+              for lo, hi in spans]  # fmt: skip
+    return needs
+
+
+def plan_bursts(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]], spans: Sequence[tuple[int, int]],
+                config: ProfileConfig) -> tuple[MemoryPlan, tuple[int, ...]]:  # fmt: skip
+    """The memory plan of every group and range, and the sizes every group fits (at least two, else
+    :class:`ProfilingError` naming the group that does not fit)."""
+    needs = burst_needs(built, chain, groups, spans)
+    resident = _param_bytes(built, range(len(built.layers))) + chain.kept_bytes()
+    have = available_bytes(config.device, cap_bytes=config.memory_cap_bytes, resident_bytes=resident)
+    mp = plan_memory(needs, have, chain.sizes, max_in_flight=config.in_flight,
+                     min_in_flight=min(config.min_in_flight, config.in_flight))  # fmt: skip
+    sizes = mp.common_sizes(chain.sizes, range(len(groups)))
+    if len(sizes) < 2:
+        g = min(range(len(groups)), key=lambda t: mp.largest[t] or 0)
+        fits = f"fits only size {mp.largest[g]}" if mp.largest[g] else "fits no size"
+        raise ProfilingError(
+            f"with {mp.in_flight[g]} graphs in flight, {needs[g].name} {fits} in the {gigabytes(mp.budget_bytes)} "
+            f"the profiler may use ({gigabytes(needs[g].kept_per_sample)} kept per sample); at least two sizes must "
+            "fit: free memory (or raise --memory-limit-gb) or profile a smaller model"
+        )  # fmt: skip
+    return mp, sizes
+
+
+def memory_note(mp: MemoryPlan, needs: Sequence[Need], groups: int, requested: Sequence[int],
+                sizes: Sequence[int], chain_stop: str | None, planned: Sequence[int] = ()) -> str | None:  # fmt: skip
+    """What did not fit, per group (``sizes above 16 did not fit in memory: largest that fits: 16 for ...``);
+    None when every requested size was measured."""
+    if tuple(sizes) == tuple(requested):
+        return None
+    by_size: dict[int | None, list[str]] = {}
+    for t in range(groups):
+        by_size.setdefault(mp.largest[t], []).append(needs[t].name)
+    parts = [f"{b} for {', '.join(names)}" for b, names in sorted(by_size.items(), key=lambda kv: kv[0] or 0)]
+    text = f"sizes above {sizes[-1]} did not fit in memory: largest that fits: {'; '.join(parts)}"
+    if planned and len(sizes) < len(planned):
+        text += f"; sizes above {sizes[-1]} ran out of memory while measuring, although the estimate let them in"
+    return text + (f" ({chain_stop})" if chain_stop else "")
+
+
 def profile_model(
     built: BuiltModel, spec: ModelSpec, config: ProfileConfig, *, link: Link, tick: Tick | None = None
 ) -> Profile:
-    """Measure every layer at every size of ``config`` into a profile with its quality report."""
+    """Measure every layer at every size of ``config`` into a profile with its quality report.
+
+    The precision's switches are set first (and recorded); sizes that do not fit the memory are
+    left out (said in ``measurement.memory.note``), never allocated where the estimate says so.
+    """
     from umsearch.adapters import check_layer_outputs
 
+    switches = apply_switches(config.precision)
     for m in built.layers:
         m.to(config.device)
     sample = built.make_batch(1, torch.Generator().manual_seed(config.seed))[0]
     check_layer_outputs(built.layers, built.names, sample.to(config.device))
     load_before, start = _loadavg(), time.perf_counter()
     L = len(built.layers)
-    spans = calibration_spans(L)
-    total = [len(config.sizes) + steps(config, L * len(config.sizes), len(spans))]  # exact once pooled
+    all_spans = calibration_spans(L)
+    total = [len(config.sizes) + steps(config, L * len(config.sizes), len(all_spans))]  # exact once pooled
 
     def step(what: str) -> None:
         if tick:
             tick(what, total[0])
 
-    chain = run_chain(built, config.sizes, config.device, step)
+    chain = run_chain(built, config.sizes, config.device, step, precision=config.precision,
+                      cap_bytes=config.memory_cap_bytes)  # fmt: skip
     groups = pool_groups(chain.signatures) if config.pool else [[i] for i in range(L)]
-    targets = [Target(name=group_name(built.names, g), layers=tuple(g)) for g in groups]
-    targets += [Target(name=f"layers {lo}..{hi - 1}", layers=tuple(range(lo, hi)), span=True) for lo, hi in spans]
-    mid = chain.sizes[len(chain.sizes) // 2]
-    cells = [Cell(t, b) for t in range(len(groups)) for b in chain.sizes]
-    extra = [Cell(len(groups) + n, mid) for n in range(len(spans))]
+    mp, sizes = plan_bursts(built, chain, groups, all_spans, config)
+    mid = sizes[len(sizes) // 2]
+    G = len(groups)
+    spans = [sp for n, sp in enumerate(all_spans) if (mp.largest[G + n] or 0) >= mid]
+    kept_span = [G + n for n, sp in enumerate(all_spans) if sp in spans]
+    targets = [Target(name=group_name(built.names, g), layers=tuple(g), in_flight=mp.in_flight[t])
+               for t, g in enumerate(groups)]  # fmt: skip
+    targets += [Target(name=f"layers {lo}..{hi - 1}", layers=tuple(range(lo, hi)), span=True, in_flight=mp.in_flight[t])
+                for (lo, hi), t in zip(spans, kept_span, strict=True)]  # fmt: skip
+    cells = [Cell(t, b) for t in range(G) for b in sizes]
+    extra = [Cell(G + n, mid) for n in range(len(spans))]
     total[0] = len(chain.sizes) + steps(config, len(cells), len(extra))
     measured = measure_cells(targets, cells, built, chain, config, extra=extra, tick=step)
     if len(measured.sizes) < 2:
-        raise ProfilingError(f"only sizes {list(measured.sizes)} fit in memory with {config.in_flight} graphs "
-                             "alive; at least two must run; use a smaller model")  # fmt: skip
-    curves = [_curves(measured, g, config.split) for g in range(len(groups))]
+        raise ProfilingError(f"only sizes {list(measured.sizes)} fit in memory with {min(mp.in_flight)} or more "
+                             "graphs alive; at least two must run; use a smaller model")  # fmt: skip
+    curves = [_curves(measured, g, config.split) for g in range(G)]
     group_of = {i: g for g, members in enumerate(groups) for i in members}
     layers = tuple(_layer(built, chain, i, curves[group_of[i]]) for i in range(L))
-    calibration = _calibration(measured, layers, spans, len(groups), mid)
+    calibration = _calibration(measured, layers, spans, G, mid)
     share = cpu_share_of(measured, config.device)
-    quality = assess(layers, groups=groups, calibration=calibration, rounds=config.repeats, cpu_share=share)
+    quality = assess(layers, groups=groups, calibration=calibration, rounds=config.repeats, cpu_share=share,
+                     device_type=config.device.type)  # fmt: skip
+    needs = burst_needs(built, chain, groups, all_spans)
+    memory = {
+        "budget_bytes": mp.budget_bytes, "cap_bytes": config.memory_cap_bytes,
+        "in_flight": {needs[t].name: mp.in_flight[t] for t in range(len(needs))},
+        "largest_that_fits": {needs[t].name: mp.largest[t] for t in range(len(needs))},
+        "ranges_left_out": [list(sp) for sp in all_spans if sp not in spans],
+        "note": memory_note(mp, needs, G, config.sizes, measured.sizes, chain.stopped, sizes),
+    }  # fmt: skip
+    flights = sorted({mp.in_flight[t] for t in range(G)})
     measurement = {
         "method": "interleaved rounds, pooled identical layers, monotone fit (umsearch.measure.profiler)",
         "rounds": config.repeats, "repeats": config.repeats, "warmup_rounds": config.warmup_rounds,
-        "in_flight": config.in_flight, "order": ORDER, "seed": config.seed,
+        "in_flight": flights[0] if len(flights) == 1 else f"{flights[0]}-{flights[-1]}", "order": ORDER,
+        "seed": config.seed,
         "calibration_rounds": len(calibration_rounds(config.repeats, config.calibration_rounds)),
         "threads": torch.get_num_threads(), "device": str(config.device), "pooling": config.pool,
         "split_backward": "umsearch.nn.backward: B backward_full, I backward_input, W backward_weight (deferred)"
         if config.split else None,
+        "timing": TIMING[config.device.type == "cuda"], "precision": switches, "memory": memory,
         "duration_s": time.perf_counter() - start, "cpu_share": share,
         "cpu_share_per_round": list(measured.cpu_share), "loadavg_1m": [load_before, _loadavg()],
     }  # fmt: skip
     extra_json = {"model_spec": spec.to_json(), "largest_size_that_fit": measured.sizes[-1],
                   "requested_sizes": list(config.sizes), "calibration": calibration, "quality": quality,
-                  "pooled": quality["pooled"], "measurement": measurement}  # fmt: skip
-    return Profile(model=f"{spec.source} {spec.args}", device=device_name(config.device), dtype="float32",
-                   microbatch_sizes=measured.sizes, input_bytes=chain.input_bytes, layers=layers, link=link,
-                   extra=extra_json)  # fmt: skip
+                  "pooled": quality["pooled"], "measurement": measurement,
+                  "precision": config.precision.name}  # fmt: skip
+    return Profile(model=f"{spec.source} {spec.args}", device=device_name(config.device),
+                   dtype=config.precision.dtype_text, microbatch_sizes=measured.sizes, input_bytes=chain.input_bytes,
+                   layers=layers, link=link, extra=extra_json)  # fmt: skip

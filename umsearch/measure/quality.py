@@ -103,9 +103,10 @@ def _steady(rows: Sequence[dict[str, Any]], t: Thresholds) -> str:
 
 def verdict(
     rows: Sequence[dict[str, Any]], calibration: dict[str, Any], *, rounds: int, cpu_share: float | None,
-    t: Thresholds,
+    t: Thresholds, gpu: bool = False,
 ) -> tuple[str, str]:  # fmt: skip
-    """``(verdict, message)`` for the layer rows of :func:`assess`; the message says what to do."""
+    """``(verdict, message)`` for the layer rows of :func:`assess`; the message says what to do
+    (``gpu``: the layers ran on a GPU, whose noise is not the host's load)."""
     phrases, worst = _noise(rows, t)
     if cpu_share is not None and cpu_share < t.cpu_share:
         phrases.append(f"the profiler got only {cpu_share:.0%} of a CPU")
@@ -114,6 +115,13 @@ def verdict(
     cal_text = f"stage-sized ranges took {cal:+.0%} against the sum of their layers"
     if phrases:
         repeats = suggested_repeats(worst, rounds, t)
+        if gpu:
+            # A GPU's times do not depend on the host's load once calls are queued back to back; what
+            # moves them is another process on the GPU or its clocks.
+            also = "" if calibration["ok"] else f"; {cal_text}"
+            return "noisy", (f"{', '.join(phrases)} on the GPU: another process may share it or its clocks "
+                             f"changed (see nvidia-smi); rerun with --repeats {repeats} on an otherwise idle GPU"
+                             f"{also}")  # fmt: skip
         if cpu_share is not None and cpu_share >= t.cpu_share:
             # The profiler had the CPU: the spread is the layers' own (caches, the allocator, what ran
             # before them), not load; it does not shrink with rounds, only the medians' error does.
@@ -140,18 +148,19 @@ def verdict(
 
 def assess(
     layers: Sequence[LayerProfile], *, groups: Sequence[Sequence[int]], calibration: Sequence[dict[str, Any]],
-    rounds: int, cpu_share: float | None, thresholds: Thresholds | None = None,
+    rounds: int, cpu_share: float | None, thresholds: Thresholds | None = None, device_type: str = "cpu",
 ) -> dict[str, Any]:  # fmt: skip
     """The quality report (JSON-ready) of measured layers.
 
     ``groups``: the layer groups measured together (singletons included); ``calibration``: the
     stage-sized range checks (each with its relative ``error``); ``cpu_share``: the median share of
-    a CPU the profiler got per round, or None when it cannot be judged (several threads, a GPU).
+    a CPU the profiler got per round, or None when it cannot be judged (several threads, a GPU);
+    ``device_type``: where the layers ran (a GPU's noise is judged as the GPU's, not the host's load).
     """
     t = thresholds or Thresholds()
     rows = _layer_rows(layers, groups)
     cal = _calibration(calibration, t)
-    word, message = verdict(rows, cal, rounds=rounds, cpu_share=cpu_share, t=t)
+    word, message = verdict(rows, cal, rounds=rounds, cpu_share=cpu_share, t=t, gpu=device_type == "cuda")
     return {"verdict": word, "message": message, "rounds": rounds, "cpu_share": cpu_share,
             "pooled": [list(g) for g in groups if len(g) > 1], "calibration": cal, "layers": rows,
             "thresholds": asdict(t)}  # fmt: skip

@@ -21,7 +21,7 @@ from typing import Any
 
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan, equal_split, placed_plan
-from umsearch.core.profile import Profile
+from umsearch.core.profile import Profile, RuntimeCosts
 from umsearch.core.schedules import PEER_SCHEDULES
 from umsearch.orchestrate.fit import MeasuredPlan, Scales, action_samples, fit_report
 from umsearch.search.partition import balanced_cuts, stage_work
@@ -69,7 +69,7 @@ def calibrate(profile: Profile, factory: Any, *, rounds: int = 7, ranks: int = 2
     from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.fidelity import Contender, measure_rounds
 
-    bare = CostModel(dataclasses.replace(profile, runtime=dataclasses.replace(profile.runtime, calibration=None)))
+    bare = CostModel(dataclasses.replace(profile, runtime=RuntimeCosts()))  # measuring needs no prediction
     probes = probe_plans(profile, ranks, batch)
     cfg = RunConfig(warmup_steps=2, launch=LaunchConfig(threads=threads, timeout_s=600))
     steps = measure_rounds([Contender(name=n, plan=p, cost=bare, factory=factory) for n, p in probes], cfg,

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from umsearch.core.errors import ModelSpecError, UmsearchError
 from umsearch.core.model_spec import parse_arg
+from umsearch.core.profile import PRECISIONS
 
 Kind = Literal["value", "switch", "multiple"]
 Scope = Literal["ranks", "launcher"]
@@ -93,6 +94,18 @@ def _finite_float(name: str) -> Callable[[str], float]:
             raise FlagValueError(f"{name} takes a number, got {text!r}") from None
         if value != value or value in (float("inf"), float("-inf")):
             raise FlagValueError(f"{name} must be a finite number, got {text}")
+        return value
+
+    return parse
+
+
+def _nonnegative_float(name: str) -> Callable[[str], float]:
+    finite = _finite_float(name)
+
+    def parse(text: str) -> float:
+        value = finite(text)
+        if value < 0:
+            raise FlagValueError(f"{name} must be 0 or more, got {text}")
         return value
 
     return parse
@@ -181,7 +194,7 @@ class RunConfig:
         name="--seed", parse=_int_at_least(0, "--seed"), metavar="N", help="Seed of weights and batches."))  # fmt: skip
     """Seed of the model weights and of the batches (batch i uses seed * 1_000_003 + i)."""
     lr: float = field(default=0.01, metadata=_flag(
-        name="--lr", parse=_finite_float("--lr"), show=repr, metavar="RATE", help="SGD learning rate."))  # fmt: skip
+        name="--lr", parse=_nonnegative_float("--lr"), show=repr, metavar="RATE", help="SGD learning rate."))  # fmt: skip
     """SGD learning rate."""
     check: bool = True
     """Refuse, before running, a plan that deadlocks or does not fit the model (in the launching
@@ -191,6 +204,12 @@ class RunConfig:
         help="Also report every parameter's gradient after the last iteration (--json, --out): "
              "to check a plan against single-process training."))  # fmt: skip
     """Return every parameter's gradient after the last iteration."""
+    precision: str | None = field(default=None, metadata=_flag(
+        name="--dtype", parse=_choice("--dtype", PRECISIONS), metavar="[fp32|tf32|bf16|fp16]",
+        help="Training precision (bf16/fp16: autocast; fp16 with loss scaling); default and only accepted "
+             "value: the profile's."))  # fmt: skip
+    """Training precision of the run (:data:`~umsearch.core.profile.PRECISIONS`); None: the profile's
+    (the launcher resolves it and hands the ranks the value; a rank given None runs fp32)."""
     out: str | None = field(default=None, metadata=_flag(
         name="--out", parse=_nonempty("--out"), metavar="FILE",
         help="Write the run's report (umsearch.run/1 JSON) here: the launcher on a local run, rank 0 "
@@ -198,6 +217,15 @@ class RunConfig:
     """Where the run's report goes (written by the launcher locally, by rank 0 on a cluster)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """Process start-up: backend, threads per rank, timeouts."""
+
+    def check_warmup(self) -> None:
+        """Raise :class:`FlagValueError` unless warm-up leaves at least one step to time.
+
+        Checked where the user set ``--warmup-steps`` (a default of 2 with ``--steps 1`` times every step).
+        """
+        if self.warmup_steps >= self.steps:
+            raise FlagValueError(f"--warmup-steps {self.warmup_steps} leaves none of --steps {self.steps} to "
+                                 f"time; give fewer warm-up steps than steps (at most {self.steps - 1})")  # fmt: skip
 
     def batch_seed(self, step: int) -> int:
         """Seed of the generator that makes batch ``step`` (the same on every rank)."""

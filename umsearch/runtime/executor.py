@@ -53,6 +53,7 @@ from umsearch.core.actions import Action, ActionRecord
 from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan, validate_plan
 from umsearch.core.samples import all_overlaps
+from umsearch.nn.precision import LossScaler, Precision
 from umsearch.runtime.comm import Comm, Handle, first_line
 from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
@@ -156,7 +157,9 @@ class StageExecutor:
     zeroes the gradients first and steps at the end; without, gradients
     accumulate and stepping is the caller's business. ``layer_timing``: time
     every layer's part of every action too (stage modules must then be
-    ``nn.Sequential`` of their layers).
+    ``nn.Sequential`` of their layers). ``precision``: forwards run under its autocast (bf16, fp16) and
+    fp16 scales the loss, every rank deciding alike whether to step
+    (:class:`~umsearch.nn.precision.LossScaler`); after an iteration the gradients are unscaled.
     """
 
     def __init__(
@@ -170,6 +173,7 @@ class StageExecutor:
         optimizer: torch.optim.Optimizer | None = None,
         device: torch.device | str | None = None,
         layer_timing: bool = False,
+        precision: Precision | str | None = None,
     ) -> None:
         validate_plan(plan)
         if not 0 <= rank < plan.ranks:
@@ -195,6 +199,8 @@ class StageExecutor:
         )  # fmt: skip
         self.actions = plan.actions[rank]
         self.clock = StampClock(self.device)
+        self.precision = precision if isinstance(precision, Precision) else Precision(precision or "fp32")
+        self.scaler = LossScaler() if self.precision.scales_loss else None
         self.stages = self._stage_computes(stage_modules, loss_fn, layer_timing)
         self.acts: dict[int, _Channel] = {}  # stage j's input activations (from j-1)
         self.grads: dict[int, _Channel] = {}  # stage j's output gradients (from j+1)
@@ -218,7 +224,8 @@ class StageExecutor:
         return {
             j: StageCompute(index=j, stage=self.plan.stages[j], module=m, global_batch=self.plan.global_batch,
                             first=j == 0, last=j == S - 1, loss_fn=loss_fn, device=self.device, split=split[j],
-                            backward_order=order[j], clock=self.clock if layer_timing else None)
+                            backward_order=order[j], clock=self.clock if layer_timing else None,
+                            precision=self.precision, scaler=self.scaler)
             for j, m in zip(self.mine, modules, strict=True)
         }  # fmt: skip
 
@@ -376,7 +383,8 @@ class StageExecutor:
             self.in_shapes[j] = in_shape
             if j < S - 1:
                 where = f"the output of stage {j} (layer {st[j].hi - 1})"
-                out_shape[j] = probe(self.stages[j].module, sample, where)
+                with self.precision.autocast(self.device):  # the dtype the stage really sends
+                    out_shape[j] = probe(self.stages[j].module, sample, where)
                 self.grads[j].shape = out_shape[j]
                 if st[j + 1].rank != self.rank:
                     header = encode(out_shape[j]).to(self.device)
@@ -436,9 +444,13 @@ class StageExecutor:
             while pending:
                 handle, _, what = pending.popleft()
                 self._wait(handle, what)
-        if self.optimizer is not None:
+        step = self.scaler is None or self.scaler.unscale_and_update(self._params(), self.device)
+        if self.optimizer is not None and step:
             self.optimizer.step()
         return self._stats(stamps)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for s in self.stages.values() for p in s.module.parameters()]
 
     def _run_action(self, pos: int, a: Action, x_all: torch.Tensor | None) -> tuple[int, int]:
         """Run action ``a`` (at ``pos`` in the list); its start and end stamps."""

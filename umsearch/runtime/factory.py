@@ -96,9 +96,25 @@ def require_trusted(loaded: LoadedPlan) -> ModelSpec:
     return spec
 
 
+MAX_ZOO_LAYERS = 10_000
+"""Most ``layers`` a zoo model is built with by the runtime (a larger one takes minutes only to be refused)."""
+
+
+def check_spec_size(spec: ModelSpec) -> None:
+    """Refuse, from the spec's arguments and before anything is built, a zoo model too large to build:
+    one whose ``layers`` argument is over :data:`MAX_ZOO_LAYERS`."""
+    n = spec.args.get("layers")
+    if not spec.is_zoo or isinstance(n, bool) or not isinstance(n, int):
+        return  # another model's size is its own code's; a bad type is the builder's error
+    if n > MAX_ZOO_LAYERS:
+        raise PlanError(f"the model {spec.source!r} with layers={n} is over the runtime's limit of "
+                        f"{MAX_ZOO_LAYERS} layers; fix the plan's 'model' entry (or --arg layers=N)")  # fmt: skip
+
+
 def _build(spec: ModelSpec, seed: int) -> ModelLike:
     from umsearch.nn.models import build_model
 
+    check_spec_size(spec)
     try:
         return build_model(spec, seed=seed)
     except ModelSpecError:

@@ -8,9 +8,15 @@ plan loader. The launching process runs :func:`preflight` before it starts
 anything; every rank runs :func:`rank_preflight` on the model it has built
 anyway (layer count, ``make_batch``, deadlock) before it talks to a peer, so a
 plan started straight with torchrun is refused just the same.
+
+:func:`check_measured_on` compares a run with the measurement behind its
+prediction: another precision is refused, another device type said plainly
+(then a gap between predicted and measured is the devices', not the model's).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +24,7 @@ from umsearch.core.cost import CostModel
 from umsearch.core.deps import find_deadlock
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, validate_plan
+from umsearch.core.profile import Profile, profile_precision
 from umsearch.runtime.factory import ModelFactory, ModelLike
 
 
@@ -89,3 +96,68 @@ def rank_preflight(plan: Plan, model: ModelLike) -> None:
     """A rank's checks on the model it built, before it talks to any peer."""
     check_model(plan, model)
     check_deadlock(plan)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Where and in which precision the profile was measured, against the run
+
+
+DEVICE_TYPES = ("cpu", "cuda")
+"""Device types a profile's ``device`` text may start with (``cuda: NVIDIA H200``, ``cpu: ...``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredOn:
+    """How a run compares with the measurement behind its plan's prediction."""
+
+    precision: str | None
+    """The precision the run uses: the one asked for, else the profile's; None (fp32) when neither says."""
+    warnings: tuple[str, ...]
+    """What to tell the user (device type differs, precision unknown); a device the profile's text does not
+    name (a hand-written profile) is not guessed at."""
+    device_differs: bool
+    """The profile was measured on another device type: predicted vs measured compares devices."""
+
+
+def profile_device_type(profile: Profile) -> str | None:
+    """``cpu`` or ``cuda`` from the profile's free-text ``device``; None when it does not say."""
+    head = profile.device.split(":", 1)[0].strip().lower()
+    return head if head in DEVICE_TYPES else None
+
+
+def check_measured_on(profile: Profile | None, *, device_type: str, precision: str | None) -> MeasuredOn:
+    """Compare a run (``device_type`` ``cpu``/``cuda``, ``precision`` asked for or None) with ``profile``.
+
+    A precision other than the profile's is refused (:class:`PlanError` with the fix): every
+    prediction would be for another arithmetic. A profile measured on another device type is said
+    plainly, as is a profile that does not record its precision; both still run. ``run``,
+    ``validate``, ``calibrate`` and ``tune`` call this before they start anything.
+    """
+    if profile is None:
+        return MeasuredOn(precision=precision, warnings=(), device_differs=False)
+    warnings = []
+    measured = profile_precision(profile)
+    used: str | None = measured
+    if measured is None:
+        used = precision
+        warnings.append(f"the plan's profile does not record its precision (measured before the field existed; its "
+                        f"dtype says {profile.dtype!r}); this run uses {used or 'fp32'}: if that is not what was "
+                        f"measured, profile again with umsearch profile ... --dtype {used or 'fp32'}")  # fmt: skip
+    elif precision is not None and precision != measured:
+        raise PlanError(f"the plan's profile was measured in {measured} but this run asks for --dtype {precision}: "
+                        f"every prediction would be for another precision; run with --dtype {measured} (or without "
+                        f"--dtype), or profile again with umsearch profile ... --dtype {precision} and search again")  # fmt: skip
+    where = profile_device_type(profile)
+    differs = where is not None and where != device_type
+    if differs:
+        backend = "nccl" if where == "cuda" else "gloo"
+        warnings.append(f"the plan's profile was measured on {where} ({profile.device}) but this run uses "
+                        f"{device_type}: measured times will differ from the prediction because the devices differ, "
+                        f"not because the model is wrong; profile on this device (umsearch profile ... --device "
+                        f"{device_type}) and search again, or run on {where} (--backend {backend})")  # fmt: skip
+    return MeasuredOn(precision=used, warnings=tuple(warnings), device_differs=differs)
+
+
+def backend_device_type(backend: str) -> str:
+    """The device type a run's backend uses: ``cuda`` for NCCL, ``cpu`` for gloo."""
+    return "cuda" if backend == "nccl" else "cpu"

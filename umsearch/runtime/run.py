@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import os
+import stat
 import statistics
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from umsearch.core.actions import ActionRecord
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.errors import OutputError
+from umsearch.core.outputs import check_output_file
 from umsearch.core.plan import Plan
 from umsearch.runtime.config import ModelChoice, RunConfig, to_argv
 from umsearch.runtime.launch import launch, launch_entry
@@ -74,11 +75,17 @@ class RunResult:
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float]:
-    """(Q1, Q3) of ``values`` (inclusive method; one value is its own quartiles)."""
-    if len(values) < 2:
-        return values[0], values[0]
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q3
+    """(Q1, Q3) of ``values``: Tukey's hinges about the lower median (one value is its own quartiles).
+
+    The median reported is an actual iteration, the lower middle one
+    (:meth:`RunResult.median_step`); Q1 is the median of the values up to and
+    including it, Q3 of the values from it on, so ``Q1 <= median <= Q3`` for
+    every sample. (Interpolated quartiles put Q1 above the lower median of two
+    values: a median outside its own IQR.)
+    """
+    ordered = sorted(values)
+    mid = (len(ordered) - 1) // 2
+    return statistics.median(ordered[: mid + 1]), statistics.median(ordered[mid:])
 
 
 def merge_step(per_rank: Sequence[Any]) -> StepResult:
@@ -128,23 +135,26 @@ def run_plan_file(plan_path: str | os.PathLike[str], ranks: int, cfg: RunConfig,
     return merge(launch_entry(ranks, [str(plan_path), *to_argv(cfg, choice)], cfg.launch))
 
 
-def check_writable(path: str, flag: str) -> None:
-    """Raise unless ``path`` can be written (tried, not guessed: a probe file in the nearest existing
-    folder, removed at once), so that a run is not wasted on an output that cannot be kept."""
-    p = Path(path)
-    if p.is_dir():
-        raise RuntimeExecutionError(f"{flag} {path!r} is a directory; give a file path")
-    folder = p.parent
+def check_writable(path: str, flag: str, inputs: Sequence[str] = ()) -> None:
+    """Raise unless ``path`` can be written, so that a run is not wasted on an output that cannot be kept.
+
+    :func:`umsearch.core.outputs.check_output_file` first (no folder, FIFO,
+    socket or block device, no file in the way); then, unless ``path`` is a
+    character device (written through), tried rather than guessed: a probe file
+    in the nearest existing folder, removed at once.
+    """
+    p = check_output_file(path, flag, inputs=inputs)
+    if p.exists() and stat.S_ISCHR(p.stat().st_mode):
+        return
+    folder = p.absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
-    if not folder.is_dir():
-        raise RuntimeExecutionError(f"{flag} {path!r} cannot be written: {str(folder)!r} is not a directory")
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        raise RuntimeExecutionError(f"{flag} {path!r} cannot be written: {exc.strerror} in {str(folder)!r}; "
-                                    "pick a folder you can write to") from None  # fmt: skip
+        raise OutputError(f"{flag} {path!r} cannot be written: {exc.strerror} in {str(folder)!r}; "
+                          "pick a folder you can write to") from None  # fmt: skip
 
 
 def grads_json(grads: dict[str, torch.Tensor]) -> dict[str, Any]:

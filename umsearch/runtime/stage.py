@@ -22,6 +22,11 @@ keeps every weight-gradient call of ``W`` inside one layer's graph, so
 walks the whole graph below where it starts), and per-layer ``I``/``W`` are
 exactly what the profiler measures with :mod:`umsearch.nn.backward`.
 
+Forwards (and recomputations) run under the run's precision
+(:class:`~umsearch.nn.precision.Precision`: autocast for bf16 and fp16), as
+the profiler ran them; with fp16 the last stage's backward starts from the
+loss times the loss scaler's scale (the loss it reports stays unscaled).
+
 Recompute replays randomness like ``torch.utils.checkpoint``: the RNG state
 (CPU, and the stage's GPU on CUDA) is stashed before each forward; a backward
 microbatch that is exactly one forward microbatch replays its draws (dropout
@@ -44,6 +49,7 @@ from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Stage
 from umsearch.core.samples import all_overlaps, cumulative
 from umsearch.nn.backward import WeightWork, backward_full, backward_input, backward_weight
+from umsearch.nn.precision import LossScaler, Precision
 from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.timing import LayerStamp, StampClock
 
@@ -87,14 +93,17 @@ class StageCompute:
     ``split[k]``: whether backward microbatch ``k`` runs as ``I`` + ``W``.
     ``backward_order``: the stage's backward microbatches in the order their
     ``B``/``I`` run (a recomputing stage drops stashed inputs after their last
-    reader). ``clock``: per-layer timing into :attr:`layer_stamps` (None: off).
+    reader). ``clock``: per-layer timing into :attr:`layer_stamps` (None: off). ``precision``: the
+    autocast of the forwards (None: fp32); ``scaler``: the loss scale of the last stage's backward.
     """
 
     def __init__(self, *, index: int, stage: Stage, module: torch.nn.Module, global_batch: int, first: bool,
                  last: bool, loss_fn: LossFn | None, device: torch.device, split: Sequence[bool],
-                 backward_order: Sequence[int], clock: StampClock | None = None) -> None:  # fmt: skip
+                 backward_order: Sequence[int], clock: StampClock | None = None, precision: Precision | None = None,
+                 scaler: LossScaler | None = None) -> None:  # fmt: skip
         if last and loss_fn is None:
             raise RuntimeExecutionError(f"stage {index} is the last; it needs loss_fn(output, targets) -> mean loss")
+        self.precision, self.scaler = precision or Precision("fp32"), scaler
         self.index, self.stage, self.module = index, stage, module
         self.B, self.first, self.last, self.loss_fn, self.device = global_batch, first, last, loss_fn, device
         self.split = tuple(split)
@@ -157,19 +166,29 @@ class StageCompute:
                recompute: bool) -> tuple[list[_Piece], torch.Tensor]:  # fmt: skip
         """Run the stage on ``x`` (samples ``[lo, lo+n)``), recording a graph: (its pieces, the output)."""
         leaf = self._leaf(x)
+        autocast = self.precision.autocast(self.device)
         if not pieces or self.layers is None:
-            out = self.module(leaf)
-            root = self._weighted_loss(out, targets, lo, n) if self.last else out
+            with autocast:
+                out = self.module(leaf)
+                root = self._scaled(self._weighted_loss(out, targets, lo, n)) if self.last else out
             return [_Piece(leaf, root, None, self.params)], out
         built: list[_Piece] = []
         h = leaf
         for i, (layer, module, params) in enumerate(self.layers):
             inp = h if i == 0 or not h.requires_grad else h.detach().requires_grad_(True)
-            with self._timed(layer, "F", mb, n, recompute):
+            with self._timed(layer, "F", mb, n, recompute), self.precision.autocast(self.device):
                 h = module(inp)
-                root = self._weighted_loss(h, targets, lo, n) if self.last and i == len(self.layers) - 1 else h
+                end = self.last and i == len(self.layers) - 1
+                root = self._scaled(self._weighted_loss(h, targets, lo, n)) if end else h
             built.append(_Piece(inp, root, layer, params))
         return built, h
+
+    def _scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The backward's root: the loss times the loss scale (fp16), else the loss."""
+        return loss * self.scaler.scale if self.scaler is not None else loss
+
+    def _unscaled(self, root: torch.Tensor) -> torch.Tensor:
+        return root / self.scaler.scale if self.scaler is not None else root
 
     # ------------------------------------------------------------------ forward
     def forward(self, k: int, x: torch.Tensor) -> torch.Tensor | None:
@@ -188,7 +207,7 @@ class StageCompute:
             built, out = self._build(x, targets, lo, n, k, pieces=timed or self.split[k], recompute=False)
             self.run.graphs[k] = built
         if self.last:
-            loss = built[-1].out.detach()
+            loss = self._unscaled(built[-1].out.detach())
             self.run.loss = loss if self.run.loss is None else self.run.loss + loss
             return None
         return out.detach()

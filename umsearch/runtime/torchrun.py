@@ -55,14 +55,8 @@ from umsearch.runtime.config import (
     configs_from_values,
     flags,
 )
-from umsearch.runtime.launch import (
-    JOB_FILE,
-    LAUNCHER_PID_ENV,
-    check_private_dir,
-    env_key,
-    read_sealed,
-    write_sealed,
-)
+from umsearch.runtime.launch import LAUNCHER_PID_ENV
+from umsearch.runtime.sealed import JOB_FILE, check_private_dir, env_key, read_sealed, write_sealed
 
 
 def _arg_type(row: FlagField) -> Callable[[str], Any]:

@@ -16,6 +16,7 @@ import torch
 
 from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan, plan_from_json
+from umsearch.nn.precision import Precision, apply_switches, check_autocast
 from umsearch.runtime.comm import Link, RankComm, plan_links
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import IterationStats, StageExecutor
@@ -59,6 +60,9 @@ class RankSession:
         _check_world(plan, world_size)
         self.plan, self.rank, self.cfg = plan, rank, cfg
         device = local_rank_device(cfg.launch.backend)
+        precision = Precision(cfg.precision or "fp32")
+        check_autocast(precision, device)
+        apply_switches(precision)
         self.model: ModelLike = factory()
         if cfg.check:
             rank_preflight(plan, self.model)
@@ -74,7 +78,7 @@ class RankSession:
                 cache[links] = RankComm.create(links, device, timeout=timedelta(seconds=cfg.launch.timeout_s))
             comm = cache[links]
         self.executor = StageExecutor(plan, rank, self.modules, self.model.loss, comm, optimizer=optimizer,
-                                      device=device)  # fmt: skip
+                                      device=device, precision=precision)  # fmt: skip
 
     def step(self, step: int) -> IterationStats:
         """Run iteration ``step`` on its batch (fixed by ``cfg.batch_seed(step)``)."""

@@ -204,16 +204,16 @@ def baselines(space: SearchSpace, rules: Rules, score: Scorer, tables: CostTable
     (or the profile lacks the I/W split a zero-bubble schedule needs). ``tick(done, total)`` after
     each peer; past ``stop()``, partitions are left unrefined (large models, short budgets)."""
     out: dict[str, Scored | None] = {}
-    for i, name in enumerate(space.peers):
+    for i, name in enumerate(space.schedule.peers):
         peer = PEER_SCHEDULES[name]
         out[name] = (None if peer.split_backward and not rules.split
                      else peer_baseline(peer, rules, score, tables, stop))  # fmt: skip
         if tick is not None:
-            tick(i + 1, len(space.peers) + 1)
+            tick(i + 1, len(space.schedule.peers) + 1)
     v1 = [s for s in out.values() if s is not None and s.plan.num_stages == rules.ranks]
     cuts = ((0, *[st.lo for st in v1[0].plan.stages[1:]], rules.num_layers) if v1
             else stage_cuts(tables, rules.largest, rules.ranks))  # fmt: skip
     out["local greedy"] = greedy_baseline(rules, score, tables, cuts)
     if tick is not None:
-        tick(len(space.peers) + 1, len(space.peers) + 1)
+        tick(len(space.schedule.peers) + 1, len(space.schedule.peers) + 1)
     return out

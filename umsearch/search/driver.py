@@ -160,7 +160,7 @@ class _Run:
     def __init__(self, space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None) -> None:
         self.space, self.on_progress = space, on_progress
         self.start = time.perf_counter()
-        self.deadline = self.start + space.time_budget_s
+        self.deadline = self.start + space.search.time_budget_s
         self.rules = Rules.of(space, profile)
         self.tables = CostModel(profile, state_factor=space.state_factor).tables(self.rules.largest)
         self.score = Scorer(self.rules, self.tables, space.memory_limit)
@@ -201,10 +201,10 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
                            "time to plan; profile the model again (umsearch profile)")  # fmt: skip
     run = _Run(space, profile, on_progress)
     rules, score = run.rules, run.score
-    run.report("baselines", 0, len(space.peers) + 1)
+    run.report("baselines", 0, len(space.schedule.peers) + 1)
     # The baselines get at most half of the budget: past it, their partitions are left unrefined
     # (only huge models get there), so the search itself still has time.
-    half = run.start + space.time_budget_s * BASELINE_SHARE
+    half = run.start + space.search.time_budget_s * BASELINE_SHARE
     base = baselines(space, rules, score, run.tables, stop=lambda: time.perf_counter() > half,
                      tick=lambda done, total: run.report("baselines", done, total))  # fmt: skip
     for b in base.values():
@@ -219,8 +219,8 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
         run.report("first pass", 1, 1)
         if not run.over():
             _nsga2(run, _anchors(rules, run.tables, base))
-        rng = random.Random(space.seed)
-        for _ in range(space.polish_rounds):
+        rng = random.Random(space.search.seed)
+        for _ in range(space.search.polish_rounds):
             # Another round from the (new) best of each structure, while a round still improves.
             before = run.best_ms
             starts = run.starts(POLISH.starts)
@@ -241,18 +241,18 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
 
 def _nsga2(run: _Run, anchors: Anchors) -> None:
     space, rules, score = run.space, run.rules, run.score
-    seeds = run.fastest(max(1, space.population // 3))
-    algo = NSGA2(pop_size=space.population, sampling=GenomeSampling(rules, seeds, anchors),
+    seeds = run.fastest(max(1, space.search.population // 3))
+    algo = NSGA2(pop_size=space.search.population, sampling=GenomeSampling(rules, seeds, anchors),
                  crossover=GenomeCrossover(rules), mutation=GenomeMutation(rules), repair=GenomeRepair(rules),
                  eliminate_duplicates=GenomeDuplicates())  # fmt: skip
-    algo.setup(GenomeProblem(score), termination=("n_gen", space.generations), seed=space.seed, verbose=False)
+    algo.setup(GenomeProblem(score), termination=("n_gen", space.search.generations), seed=space.search.seed, verbose=False)
     try:
-        while run.generations < space.generations and not run.over():
+        while run.generations < space.search.generations and not run.over():
             algo.next()
             run.generations += 1
             X, F = algo.pop.get("X"), algo.pop.get("F")
             run.keep([row[0] for row in X], F[:, 0], F[:, 1])
-            run.report("nsga2", run.generations, space.generations)
+            run.report("nsga2", run.generations, space.search.generations)
     finally:
         if algo.pop is not None:
             X, F = algo.pop.get("X"), algo.pop.get("F")

@@ -57,21 +57,21 @@ class Rules:
         L, R = profile.num_layers, space.ranks
         if R > L:
             raise SearchSpaceError(f"ranks = {R} but the profile has only {L} layers; use at most {L}")
-        spr = tuple(v for v in space.stages_per_rank if R * v <= L)
+        spr = tuple(v for v in space.schedule.stages_per_rank if R * v <= L)
         if not spr:
             raise SearchSpaceError(
-                f"stages_per_rank = {list(space.stages_per_rank)} needs at least {R * min(space.stages_per_rank)} "
+                f"stages_per_rank = {list(space.schedule.stages_per_rank)} needs at least {R * min(space.schedule.stages_per_rank)} "
                 f"layers on {R} ranks but the profile has {L}; allow 1 stage per rank"
             )
         sizes = tuple(space.microbatch_sizes)
-        if sizes[-1] * space.max_microbatches < space.global_batch:
+        if sizes[-1] * space.microbatch.max_count < space.global_batch:
             raise SearchSpaceError(
-                f"microbatch.max_count = {space.max_microbatches} microbatches of at most {sizes[-1]} samples "
+                f"microbatch.max_count = {space.microbatch.max_count} microbatches of at most {sizes[-1]} samples "
                 f"cannot hold global_batch = {space.global_batch}; raise microbatch.max_count or microbatch.max"
             )
-        split = space.split_backward and all(lay.has_split for lay in profile.layers)
-        return cls(num_layers=L, ranks=R, batch=space.global_batch, sizes=sizes, max_count=space.max_microbatches,
-                   stages_per_rank=spr, placements=space.placements, split=split, recompute=space.recompute)  # fmt: skip
+        split = space.schedule.split_backward and all(lay.has_split for lay in profile.layers)
+        return cls(num_layers=L, ranks=R, batch=space.global_batch, sizes=sizes, max_count=space.microbatch.max_count,
+                   stages_per_rank=spr, placements=space.schedule.placements, split=split, recompute=space.schedule.recompute)  # fmt: skip
 
     @property
     def largest(self) -> int:

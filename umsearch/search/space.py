@@ -1,19 +1,23 @@
 """The search space: what to search, read from TOML (``search_spaces/*.toml``) and CLI flags.
 
-Every key is documented in ``search_spaces/README.md``. Unknown keys and bad
-values raise :class:`SearchSpaceError` naming the key and the fix. ``stages``
-is accepted as an alias of ``ranks`` (the pipeline's devices), as version 1
-spaces and the ``--stages`` flag used it.
+One keyword-only dataclass per TOML table (:class:`MicrobatchTable`,
+:class:`ScheduleTable`, :class:`SearchTable`) and :class:`SearchSpace` for the
+top level. Each field's metadata (:func:`option`) is the one home of its
+documentation, bounds and choices: the CLI builds ``umsearch search``'s flags
+from it and ``search_spaces/README.md``'s table is :func:`markdown_table`
+(a test holds them equal). Unknown keys and bad values raise
+:class:`SearchSpaceError` naming the key and the fix. ``stages`` is accepted
+as an alias of ``ranks`` (the pipeline's devices), as version 1 spaces and the
+``--stages`` flag used it.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from umsearch.core.errors import SearchSpaceError
 from umsearch.core.schedules import PEER_SCHEDULES
@@ -25,7 +29,7 @@ MAX_BATCH = 1 << 20
 """Largest global batch a search takes (cost tables grow with the largest microbatch)."""
 MAX_RANKS = 256
 """Most ranks a search plans for."""
-PLACEMENTS = ("loop", "vshape", "any")
+PLACEMENTS: tuple[str, ...] = ("loop", "vshape", "any")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -43,102 +47,218 @@ def parse_bytes(value: Any, key: str = "memory_limit") -> float:
     raise SearchSpaceError(f"{key} = {value!r} is not a size; write e.g. '80GiB', '16GB' or a byte count")
 
 
+Kind = Literal["text", "path", "int", "float", "size", "bool", "choice", "ints", "names"]
+
+
+def option(help: str, *, dest: str, kind: Kind, bounds: tuple[float, float] | None = None,
+           choices: tuple[str, ...] = (), flag: str | None = None, default_doc: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Field metadata: the one place a key is documented and bounded. ``dest`` is its name among the
+    flat values of :func:`build_space` (and the CLI flag's), ``flag`` the flag when not
+    ``--dest-with-dashes``, ``default_doc`` the default as the README shows it when not the value."""
+    return {"help": help, "dest": dest, "kind": kind, "bounds": bounds, "choices": choices,
+            "flag": flag or "--" + dest.replace("_", "-"), "default_doc": default_doc}  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
-class SearchSpace:
-    """Everything one search needs."""
+class MicrobatchTable:
+    """``[microbatch]``: the microbatch sizes a plan may use."""
 
-    name: str
-    """Space name (a safe file name); outputs default to ``results/<name>/``."""
-    profile: str
-    """Path of the profile (relative paths are taken from the TOML file's folder)."""
-    ranks: int
-    """Pipeline devices R."""
-    global_batch: int
-    """Samples per iteration B."""
-    min_microbatch: int = 1
-    """Smallest microbatch size allowed."""
-    max_microbatch: int = 0
-    """Largest microbatch size allowed (0: the global batch)."""
-    multiple_of: int = 1
-    """Microbatch sizes must be multiples of this (a remainder microbatch excepted)."""
-    max_microbatches: int = 64
-    """Most microbatches per stage."""
-    stages_per_rank: tuple[int, ...] = (1, 2)
-    """How many model chunks a rank may hold (one value is chosen per plan)."""
-    placement: str = "any"
-    """How chunks sit on ranks when a rank holds several: ``loop`` (stage j on rank j mod R),
-    ``vshape`` (down the ranks and back up; two chunks per rank) or ``any`` (either)."""
-    split_backward: bool = True
-    """Whether backwards may be split into input-gradient (I) and weight-gradient (W) parts
-    (needs a profile with ``bwd_input_ms``/``bwd_weight_ms``)."""
-    recompute: bool = True
-    """Whether stages may recompute activations (and then split their backward differently)."""
-    peers: tuple[str, ...] = tuple(PEER_SCHEDULES)
-    """torch.distributed.pipelining schedules to compare with (their best equal-microbatch plans)."""
-    memory_limit: float = float(80 * 2**30)
-    """Per-device memory limit in bytes."""
-    state_factor: float = 4.0
-    """Bytes of training state per parameter byte."""
-    population: int = 96
-    """NSGA-II population size."""
-    generations: int = 30
-    """NSGA-II generations."""
-    time_budget_s: float = 30.0
-    """Stop the search after this many seconds, keeping the best found."""
-    polish_rounds: int = 1
-    """Rounds of the final local search; each starts again from the best of every structure, and a round
-    that finds nothing faster ends it (more rounds: steadier across seeds, slower)."""
-    seed: int = 0
-    """Random seed: same seed, same plan (unless the time budget stops the search)."""
+    min: int = field(default=1, metadata=option("smallest microbatch size", dest="min_microbatch", kind="int",
+                                                bounds=(1, MAX_BATCH)))  # fmt: skip
+    max: int = field(default=0, metadata=option("largest microbatch size (0: the global batch)", dest="max_microbatch",
+                                                kind="int", bounds=(0, MAX_BATCH), default_doc="B"))  # fmt: skip
+    multiple_of: int = field(default=1, metadata=option(
+        "sizes must be multiples of this (a remainder microbatch excepted)", dest="multiple_of", kind="int",
+        bounds=(1, MAX_BATCH)))  # fmt: skip
+    max_count: int = field(default=64, metadata=option(
+        "most microbatches per stage (`max_count x max` must reach B)", dest="max_microbatches", kind="int",
+        bounds=(1, 100_000)))  # fmt: skip
 
-    @property
-    def microbatch_sizes(self) -> list[int]:
-        """Allowed sizes, ascending."""
-        hi = min(self.max_microbatch or self.global_batch, self.global_batch)
-        return [b for b in range(self.min_microbatch, hi + 1) if b % self.multiple_of == 0]
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleTable:
+    """``[schedule]``: the shapes of plan the search may build, and the peers it compares with."""
+
+    stages_per_rank: tuple[int, ...] = field(default=(1, 2), metadata=option(
+        "how many chunks a rank may hold (a plan uses one value)", dest="stages_per_rank", kind="ints",
+        bounds=(1, 64)))  # fmt: skip
+    placement: Literal["loop", "vshape", "any"] = field(default="any", metadata=option(
+        "`loop` (stage j on rank j mod R), `vshape` (down and back up, 2 per rank) or `any`", dest="placement",
+        kind="choice", choices=PLACEMENTS))  # fmt: skip
+    split_backward: bool = field(default=True, metadata=option(
+        "whether backwards may split into I and W (needs a profile with I/W times)", dest="split_backward",
+        kind="bool"))  # fmt: skip
+    recompute: bool = field(default=True, metadata=option(
+        "whether stages may recompute activations (and then split backward differently)", dest="recompute",
+        kind="bool"))  # fmt: skip
+    peers: tuple[str, ...] = field(default=tuple(PEER_SCHEDULES), metadata=option(
+        "torch schedules to compare with: " + ", ".join(f"`{p}`" for p in PEER_SCHEDULES), dest="peers",
+        kind="names", choices=tuple(PEER_SCHEDULES), default_doc="all six"))  # fmt: skip
 
     @property
     def placements(self) -> tuple[str, ...]:
         """The concrete placements allowed (``any`` expanded)."""
         return ("loop", "vshape") if self.placement == "any" else (self.placement,)
 
+
+@dataclass(frozen=True, kw_only=True)
+class SearchTable:
+    """``[search]``: how hard to search."""
+
+    population: int = field(default=96, metadata=option("NSGA-II population", dest="population", kind="int",
+                                                        bounds=(4, 10_000)))  # fmt: skip
+    generations: int = field(default=30, metadata=option(
+        "NSGA-II generations (the polish runs after them)", dest="generations", kind="int", bounds=(1, 100_000)))
+    time_budget_s: float = field(default=30.0, metadata=option(
+        "safety stop: after this many seconds keep the best found (the result then depends on machine speed; the "
+        "CLI says so)", dest="time_budget_s", kind="float", bounds=(0, 7 * 86400), flag="--time-budget"))  # fmt: skip
+    polish_rounds: int = field(default=1, metadata=option(
+        "rounds of the final local search, each from the best plan of every structure; a round that improves "
+        "nothing ends it (more: steadier across seeds, slower)", dest="polish_rounds", kind="int",
+        bounds=(1, 100)))  # fmt: skip
+    seed: int = field(default=0, metadata=option(
+        "same seed, same plan (unless the time budget stops the search)", dest="seed", kind="int",
+        bounds=(0, 2**32 - 1)))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """Everything one search needs: the top-level keys of a space TOML and one table per section."""
+
+    name: str = field(metadata=option("space name; outputs go to `results/<name>/`", dest="name", kind="text",
+                                      default_doc="file stem"))  # fmt: skip
+    profile: str = field(metadata=option("`umsearch.profile/2` (or `/1`) JSON; in a TOML, relative to its folder",
+                                         dest="profile", kind="path", default_doc="required"))  # fmt: skip
+    ranks: int = field(metadata=option(
+        "pipeline devices R (`stages` is accepted as an alias: version 1 called the devices stages)", dest="ranks",
+        kind="int", bounds=(1, MAX_RANKS), default_doc="required"))  # fmt: skip
+    global_batch: int = field(metadata=option("samples per iteration B", dest="global_batch", kind="int",
+                                              bounds=(1, MAX_BATCH), flag="--batch", default_doc="required"))  # fmt: skip
+    memory_limit: float = field(default=float(80 * 2**30), metadata=option(
+        "per-device limit: `80GiB`, `16GB`, `512MiB` or bytes", dest="memory_limit", kind="size",
+        default_doc="80GiB"))  # fmt: skip
+    state_factor: float = field(default=4.0, metadata=option(
+        "bytes of training state per parameter byte (fp32 weights, grads, two Adam moments)", dest="state_factor",
+        kind="float", bounds=(0, 1e6), default_doc="4"))  # fmt: skip
+    microbatch: MicrobatchTable = field(default_factory=MicrobatchTable)
+    """``[microbatch]``."""
+    schedule: ScheduleTable = field(default_factory=ScheduleTable)
+    """``[schedule]``."""
+    search: SearchTable = field(default_factory=SearchTable)
+    """``[search]``."""
+
+    @property
+    def microbatch_sizes(self) -> list[int]:
+        """Allowed sizes, ascending."""
+        mb = self.microbatch
+        hi = min(mb.max or self.global_batch, self.global_batch)
+        return [b for b in range(mb.min, hi + 1) if b % mb.multiple_of == 0]
+
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["stages_per_rank"], out["peers"] = list(self.stages_per_rank), list(self.peers)
+        """The space as its TOML reads: top-level keys and one object per table."""
+
+        def plain(v: Any) -> Any:
+            return list(v) if isinstance(v, tuple) else v
+
+        out: dict[str, Any] = {}
+        for table, f in _ENTRIES:
+            value = plain(getattr(getattr(self, table) if table else self, f.name))
+            (out.setdefault(table, {}) if table else out)[f.name] = value
         return out
 
 
-_SECTIONS = {
-    "": {"name", "profile", "ranks", "stages", "global_batch", "memory_limit", "state_factor"},
-    "microbatch": {"min", "max", "multiple_of", "max_count"},
-    "schedule": {"stages_per_rank", "placement", "split_backward", "recompute", "peers"},
-    "search": {"population", "generations", "time_budget_s", "seed", "polish_rounds"},
-}
-_FLAT: dict[tuple[str, str], str] = {("microbatch", "min"): "min_microbatch", ("microbatch", "max"): "max_microbatch",
-         ("microbatch", "multiple_of"): "multiple_of", ("microbatch", "max_count"): "max_microbatches"}  # fmt: skip
+TABLES = {"microbatch": MicrobatchTable, "schedule": ScheduleTable, "search": SearchTable}
+"""The TOML tables of a space, by name."""
+
+
+def _entries() -> list[tuple[str, Any]]:
+    top = [("", f) for f in fields(SearchSpace) if f.metadata]
+    return top + [(name, f) for name, cls in TABLES.items() for f in fields(cls)]
+
+
+_ENTRIES = _entries()
+"""Every key: (table, or "" for the top level; its dataclass field)."""
+_BY_DEST = {f.metadata["dest"]: (table, f) for table, f in _ENTRIES}
 _REMOVED = {("schedule", "family"): "schedule.family was removed in version 2 (the search orders actions "
                                     "freely and compares with every peer schedule); delete it, or restrict "
                                     "[schedule] stages_per_rank / peers instead"}  # fmt: skip
 
 
+def options() -> list[dict[str, Any]]:
+    """Every key's metadata (:func:`option`) plus ``key`` (as a TOML writes it, e.g. ``[search] seed``):
+    what the CLI builds its flags from and the README table is made of."""
+    return [{**f.metadata, "key": f"[{table}] {f.name}" if table else f.name, "default": f.default}
+            for table, f in _ENTRIES]  # fmt: skip
+
+
+def _default_doc(o: dict[str, Any]) -> str:
+    if o["default_doc"] is not None:
+        return str(o["default_doc"])
+    d = o["default"]
+    if isinstance(d, bool):
+        return str(d).lower()
+    if isinstance(d, tuple):
+        return "[" + ", ".join(map(str, d)) + "]"
+    return f"{d:g}" if isinstance(d, float) else str(d)
+
+
+def markdown_table() -> str:
+    """The keys table of ``search_spaces/README.md`` (a test holds the README to it)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{o['key']}` | `{_default_doc(o)}` | {o['help']} |" for o in options()]
+    return "\n".join(rows).replace("`required`", "required").replace("`file stem`", "file stem").replace(
+        "`B`", "B").replace("`all six`", "all six")
+
+
 def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
+    """TOML keys to the flat values of :func:`build_space` (each key's ``dest``)."""
     flat: dict[str, Any] = {}
+    top = {f.name: f for table, f in _ENTRIES if not table}
     for key, value in doc.items():
         if isinstance(value, dict):
-            section = _SECTIONS.get(key) if key else None
-            if section is None:
-                raise SearchSpaceError(f"unknown table [{key}]; known tables: microbatch, schedule, search")
+            if key not in TABLES:
+                raise SearchSpaceError(f"unknown table [{key}]; known tables: {', '.join(TABLES)}")
+            known = {f.name: f for f in fields(TABLES[key])}
             for sub, v in value.items():
                 if (key, sub) in _REMOVED:
                     raise SearchSpaceError(_REMOVED[(key, sub)])
-                if sub not in section:
-                    raise SearchSpaceError(f"unknown key {key}.{sub}; known: {', '.join(sorted(section))}")
-                flat[_FLAT.get((key, sub)) or sub] = v
-        elif key in _SECTIONS[""]:
-            flat[key] = value
+                if sub not in known:
+                    raise SearchSpaceError(f"unknown key {key}.{sub}; known: {', '.join(sorted(known))}")
+                flat[known[sub].metadata["dest"]] = v
+        elif key in top or key == "stages":
+            flat[top[key].metadata["dest"] if key in top else key] = value
         else:
-            raise SearchSpaceError(f"unknown key {key!r}; known top-level keys: {', '.join(sorted(_SECTIONS['']))}")
+            raise SearchSpaceError(f"unknown key {key!r}; known top-level keys: {', '.join(sorted([*top, 'stages']))}")
     return flat
+
+
+def _where(table: str, name: str) -> str:
+    return f"{table}.{name}" if table else name
+
+
+def _value(table: str, f: Any, v: Any) -> Any:
+    """One key's value, checked against its metadata; :class:`SearchSpaceError` names the key and the fix."""
+    o, key = f.metadata, _where(table, f.name)
+    kind, bounds = o["kind"], o["bounds"]
+    if kind == "int":
+        return _int(key, v, int(bounds[0]), int(bounds[1]))
+    if kind == "float":
+        return _positive(key, v, bounds[1])
+    if kind == "size":
+        return parse_bytes(v, key)
+    if kind == "bool":
+        return _bool(key, v)
+    if kind == "choice":
+        if v not in o["choices"]:
+            raise SearchSpaceError(f"{key} = {v!r}: use {', '.join(map(repr, o['choices']))}")
+        return v
+    if kind == "ints":
+        return _int_list(key, v, bounds)
+    if kind == "names":
+        return _names(key, v, o["choices"])
+    if not isinstance(v, str):
+        raise SearchSpaceError(f"{key} = {v!r}: must be a {'path ' if kind == 'path' else ''}string")
+    return v
 
 
 def _int(key: str, v: Any, lo: int, hi: int = 2**31 - 1) -> int:
@@ -153,18 +273,18 @@ def _positive(key: str, v: Any, hi: float) -> float:
     return float(v)
 
 
-def _int_list(key: str, v: Any) -> tuple[int, ...]:
+def _int_list(key: str, v: Any, bounds: tuple[float, float]) -> tuple[int, ...]:
     items = v if isinstance(v, list | tuple) else [v]
     if not items:
         raise SearchSpaceError(f"{key} = {v!r}: give at least one value, e.g. [1, 2]")
-    return tuple(sorted({_int(key, x, 1, 64) for x in items}))
+    return tuple(sorted({_int(key, x, int(bounds[0]), int(bounds[1])) for x in items}))
 
 
-def _peers(v: Any) -> tuple[str, ...]:
+def _names(key: str, v: Any, choices: tuple[str, ...]) -> tuple[str, ...]:
     items = v if isinstance(v, list | tuple) else [v]
     for p in items:
-        if p not in PEER_SCHEDULES:
-            raise SearchSpaceError(f"schedule.peers names {p!r}; known: {', '.join(PEER_SCHEDULES)}")
+        if p not in choices:
+            raise SearchSpaceError(f"{key} names {p!r}; known: {', '.join(choices)}")
     return tuple(dict.fromkeys(items))
 
 
@@ -174,71 +294,59 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
-def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchSpace:
-    """Validate flat values (TOML keys flattened, or CLI flags) into a :class:`SearchSpace`."""
-    v = dict(values)
+def _ranks_alias(v: dict[str, Any]) -> None:
+    """``stages`` is ``ranks`` by its version-1 name: fold it in, refusing two different values."""
     if "stages" in v:
         if "ranks" in v and v["ranks"] != v["stages"]:
             raise SearchSpaceError(f"ranks = {v['ranks']!r} and its alias stages = {v['stages']!r} disagree; give one")
         v["ranks"] = v.pop("stages")
+
+
+def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchSpace:
+    """Validate flat values (keyed by each key's ``dest``: TOML keys flattened, or CLI flags) into a
+    :class:`SearchSpace`."""
+    v = dict(values)
+    _ranks_alias(v)
+    unknown = sorted(set(v) - set(_BY_DEST))
+    if unknown:
+        raise SearchSpaceError(f"unknown search space value {unknown[0]!r}; known: {', '.join(sorted(_BY_DEST))}")
     for required in ("profile", "ranks", "global_batch"):
         if v.get(required) is None:
             flag = {"global_batch": "batch"}.get(required, required)
             raise SearchSpaceError(f"search space needs {required!r}; set it in the TOML or pass --{flag}")
-    if not isinstance(v["profile"], str):
-        raise SearchSpaceError(f"profile = {v['profile']!r}: must be a path string")
-    v.setdefault("name", Path(v["profile"]).stem)
-    if not isinstance(v["name"], str) or not _NAME.fullmatch(v["name"]) or ".." in v["name"]:
-        raise SearchSpaceError(f"name = {v['name']!r}: use letters, digits, '.', '_' or '-' (it names the output folder)")
-    if base_dir is not None and not Path(v["profile"]).is_absolute():
-        v["profile"] = str(base_dir / v["profile"])
-    limits = {"ranks": (1, MAX_RANKS), "global_batch": (1, MAX_BATCH), "min_microbatch": (1, MAX_BATCH),
-              "max_microbatch": (0, MAX_BATCH), "multiple_of": (1, MAX_BATCH), "max_microbatches": (1, 100_000),
-              "population": (4, 10_000), "generations": (1, 100_000), "seed": (0, 2**32 - 1),
-              "polish_rounds": (1, 100)}  # fmt: skip
-    for key, (lo, hi) in limits.items():
-        if key in v:
-            v[key] = _int(key, v[key], lo, hi)
-    if "memory_limit" in v:
-        v["memory_limit"] = parse_bytes(v["memory_limit"])
-    if "state_factor" in v:
-        v["state_factor"] = _positive("state_factor", v["state_factor"], 1e6)
-    if "time_budget_s" in v:
-        v["time_budget_s"] = _positive("time_budget_s", v["time_budget_s"], 7 * 86400)
-    if "stages_per_rank" in v:
-        v["stages_per_rank"] = _int_list("schedule.stages_per_rank", v["stages_per_rank"])
-    if "placement" in v and v["placement"] not in PLACEMENTS:
-        raise SearchSpaceError(f"schedule.placement = {v['placement']!r}: use {', '.join(map(repr, PLACEMENTS))}")
-    for key in ("split_backward", "recompute"):
-        if key in v:
-            v[key] = _bool(f"schedule.{key}", v[key])
-    if "peers" in v:
-        v["peers"] = _peers(v["peers"])
-    space = SearchSpace(**v)
+    checked = {dest: _value(*_BY_DEST[dest], value) for dest, value in v.items()}
+    checked.setdefault("name", Path(checked["profile"]).stem)
+    if not _NAME.fullmatch(checked["name"]) or ".." in checked["name"]:
+        raise SearchSpaceError(f"name = {checked['name']!r}: use letters, digits, '.', '_' or '-' (it names the "
+                               "output folder)")  # fmt: skip
+    if base_dir is not None and not Path(checked["profile"]).is_absolute():
+        checked["profile"] = str(base_dir / checked["profile"])
+    parts: dict[str, dict[str, Any]] = {table: {} for table in ("", *TABLES)}
+    for dest, value in checked.items():
+        table, f = _BY_DEST[dest]
+        parts[table][f.name] = value
+    space = SearchSpace(**parts[""], **{t: cls(**parts[t]) for t, cls in TABLES.items()})
     if not space.microbatch_sizes:
+        mb = space.microbatch
         raise SearchSpaceError(
-            f"no microbatch size satisfies min={space.min_microbatch}, max={space.max_microbatch}, "
-            f"multiple_of={space.multiple_of} for global_batch={space.global_batch}; widen [microbatch]"
+            f"no microbatch size satisfies min={mb.min}, max={mb.max}, multiple_of={mb.multiple_of} for "
+            f"global_batch={space.global_batch}; widen [microbatch]"
         )
     return space
 
 
 def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> SearchSpace:
     """Read a TOML search space; ``overrides`` (CLI flags, None values ignored) win."""
-    from umsearch.core.jsonio import read_text
+    from umsearch.core.jsonio import read_toml
 
     p = Path(path)
-    text = read_text(p, "search space", SearchSpaceError)
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SearchSpaceError(f"search space {str(p)!r} is not valid TOML: {exc}") from None
+    doc = read_toml(p, "search space", SearchSpaceError)
+    flags = {k: val for k, val in (overrides or {}).items() if val is not None}
+    _ranks_alias(flags)  # --ranks 2 --stages 3 is a conflict, not a choice
     try:
         values = _flatten(doc)
+        _ranks_alias(values)
         values.setdefault("name", p.stem)
-        flags = {k: val for k, val in (overrides or {}).items() if val is not None}
-        if "stages" in flags and "ranks" in values:  # the flag alias overrides the file's ranks
-            values["ranks"] = flags.pop("stages")
         base = None if "profile" in flags else p.parent
         values.update(flags)
         return build_space(values, base)

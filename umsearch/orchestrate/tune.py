@@ -1,0 +1,343 @@
+"""``umsearch tune``: search, measure, refit, search again; hand over only the plan that measured fastest.
+
+One round of the loop:
+
+1. **propose**: search on the current (calibrated) profile; take the K best
+   distinct plans (different cuts, placement or lists, not a reordering of a
+   few actions) and every torch schedule at its best microbatch count and
+   partition (torch's runtime runs those); the previous round's measured
+   fastest contender defends its place;
+2. **measure** them all on the machine in rotated rounds (umsearch's runtime
+   for every plan, torch's own runtime for the peers;
+   :mod:`umsearch.orchestrate.measure`);
+3. **refit** the calibration on everything that ran on umsearch's runtime so
+   far (torch's runtime gives no per-action times: its medians are compared
+   against, never fitted), and predict every contender again.
+
+It stops when the same contender measured fastest in two consecutive rounds,
+when the rounds are spent or when the next round would overrun the budget.
+The answer is the contender that measured fastest in the last round, with its
+95% interval, whichever runtime ran it. Ctrl-C keeps the rounds already
+measured. Proposing and measuring are functions, so the same seed and the
+same measurements give the same result, and the decisions can be tested with
+a stand-in for the machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from umsearch.core.cost import CostModel
+from umsearch.core.errors import SearchSpaceError
+from umsearch.core.plan import Plan
+from umsearch.core.profile import Profile
+from umsearch.orchestrate.fit import MeasuredPlan, Scales, fit_report
+from umsearch.orchestrate.measure import Entry, Measured, MeasureFn, Runtime
+
+STOP_REPEAT = "the same contender measured fastest in two consecutive rounds"
+STOP_ROUNDS = "the rounds were spent"
+STOP_BUDGET = "the time budget was spent"
+STOP_INTERRUPTED = "interrupted (Ctrl-C); the rounds measured before are kept"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneConfig:
+    """How long and how hard to tune."""
+
+    k: int = 4
+    """Distinct searched plans per round."""
+    max_rounds: int = 4
+    """Most rounds of the loop."""
+    measure_rounds: int = 10
+    """Rotated measured rounds of every contender per loop round."""
+    budget_min: float = 30.0
+    """Wall-clock budget: no round starts that would, at the last round's pace, end past it."""
+    scales: Scales = "stage_scale"
+    """How the refit models layers run together (:mod:`umsearch.orchestrate.fit`)."""
+    state_factor: float = 4.0
+    """Bytes of training state per parameter byte (the predictions' memory term)."""
+
+    def __post_init__(self) -> None:
+        for name, lo in (("k", 1), ("max_rounds", 1), ("measure_rounds", 2)):
+            if getattr(self, name) < lo:
+                raise SearchSpaceError(f"tune {name} = {getattr(self, name)}: give at least {lo}")
+        if not self.budget_min > 0:
+            raise SearchSpaceError(f"--budget-min {self.budget_min}: give a positive number of minutes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A contender: a plan and the runtime that runs it."""
+
+    name: str
+    plan: Plan
+    runtime: Runtime
+    schedule: str | None = None
+    """torch's schedule name (``runtime == "torch"``)."""
+
+    @property
+    def key(self) -> str:
+        """Identity across rounds: the runtime, the schedule and the exact plan."""
+        text = json.dumps([self.runtime, self.schedule, self.plan.to_json()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+ProposeFn = Callable[[Profile], list[Candidate]]
+"""``propose(profile)``: this round's contenders searched on ``profile`` (plans first, then peers)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContenderResult:
+    """One contender of one round: predicted and measured."""
+
+    candidate: Candidate
+    predicted_before_ms: float | None
+    """Under the profile the round searched on (None: the plan deadlocks under it)."""
+    predicted_after_ms: float | None
+    """Under the profile refitted after the round."""
+    measured: Measured
+    median_ms: float
+    """Median of the measured rounds (barrier to the end of the optimizer step)."""
+    ci95_ms: tuple[float, float]
+    """Bootstrap 95% interval of that median (seeded: the same rounds give the same interval)."""
+
+    @property
+    def iteration_ms(self) -> float | None:
+        """Median measured iteration (latest action end), umsearch's runtime only."""
+        steps = self.measured.steps
+        return statistics.median(s.iteration_ms for s in steps) if steps else None
+
+    def to_json(self) -> dict[str, Any]:
+        from umsearch.runtime.fidelity import drift
+
+        c = self.candidate
+        return {"name": c.name, "key": c.key, "runtime": c.runtime, "schedule": c.schedule,
+                "predicted_before_ms": self.predicted_before_ms, "predicted_after_ms": self.predicted_after_ms,
+                "measured_median_ms": self.median_ms, "measured_ci95_ms": list(self.ci95_ms),
+                "measured_ms": list(self.measured.step_ms), "drift": drift(self.measured.step_ms),
+                "measured_iteration_ms": self.iteration_ms, "plan": c.plan.to_json()}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundResult:
+    """One round of the loop."""
+
+    index: int
+    contenders: tuple[ContenderResult, ...]
+    refit: dict[str, Any] | None
+    """The refit's report (None when nothing ran on umsearch's runtime)."""
+    wall_s: float
+
+    @property
+    def fastest(self) -> ContenderResult:
+        """The contender with the lowest measured median (ties: the first proposed)."""
+        return min(self.contenders, key=lambda r: r.median_ms)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneResult:
+    """What the loop measured and decided."""
+
+    rounds: tuple[RoundResult, ...]
+    profile: Profile
+    """The profile refitted on everything measured on umsearch's runtime."""
+    stopped: str
+    """Why the loop ended."""
+    interrupted: bool
+    wall_s: float
+
+    @property
+    def winner(self) -> ContenderResult | None:
+        """The contender that measured fastest in the last round (None: nothing was measured)."""
+        return self.rounds[-1].fastest if self.rounds else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneProgress:
+    """Where the loop is: round ``round`` (1-based) of at most ``rounds``, step ``done`` of ``total``."""
+
+    round: int
+    rounds: int
+    phase: str
+    done: int
+    total: int
+
+
+def predict_ms(plan: Plan, profile: Profile, state_factor: float = 4.0) -> float | None:
+    """The reference simulator's iteration time (None on deadlock)."""
+    from umsearch.sim.reference import simulate
+
+    return simulate(plan, CostModel(profile, state_factor=state_factor)).iteration_ms
+
+
+def _result(c: Candidate, before: float | None, after: float | None, m: Measured) -> ContenderResult:
+    from umsearch.runtime.fidelity import bootstrap_median_ci
+
+    return ContenderResult(candidate=c, predicted_before_ms=before, predicted_after_ms=after, measured=m,
+                           median_ms=statistics.median(m.step_ms), ci95_ms=bootstrap_median_ci(m.step_ms))  # fmt: skip
+
+
+class _Loop:
+    """The loop's state across rounds."""
+
+    def __init__(self, base: Profile, propose: ProposeFn, measure: MeasureFn, cfg: TuneConfig,
+                 on_progress: Callable[[TuneProgress], None] | None) -> None:  # fmt: skip
+        self.base, self.propose, self.measure, self.cfg, self.on_progress = base, propose, measure, cfg, on_progress
+        self.current = base
+        self.fitted: list[MeasuredPlan] = []
+        self.rounds: list[RoundResult] = []
+        self.names: dict[str, str] = {}
+
+    def report(self, phase: str, done: int) -> None:
+        if self.on_progress is not None:
+            self.on_progress(TuneProgress(round=len(self.rounds) + 1, rounds=self.cfg.max_rounds, phase=phase,
+                                          done=done, total=3))  # fmt: skip
+
+    def named(self, c: Candidate) -> Candidate:
+        """``c`` under one name for all rounds: the name it first had; a new contender whose proposed name
+        an earlier one holds gets the first free ``plan N`` (umsearch's plans) or ``NAME #N`` (torch's)."""
+        if c.key not in self.names:
+            taken = set(self.names.values())
+            name, n = c.name, 1
+            while name in taken:
+                n += 1
+                name = f"plan {n}" if c.runtime == "umsearch" and c.name.startswith("plan ") else f"{c.name} #{n}"
+            self.names[c.key] = name
+        return dataclasses.replace(c, name=self.names[c.key])
+
+    def contenders(self) -> list[Candidate]:
+        """This round's proposal, and the last round's fastest when the proposal lacks it."""
+        cands = list(self.propose(self.current))
+        if self.rounds:
+            cands.append(self.rounds[-1].fastest.candidate)
+        return list({c.key: self.named(c) for c in cands}.values())
+
+    def refit(self, index: int, cands: Sequence[Candidate], got: Sequence[Measured]) -> dict[str, Any] | None:
+        from umsearch.orchestrate.calibration import measured_plan
+
+        for c, m in zip(cands, got, strict=True):
+            if c.runtime == "umsearch" and m.steps:
+                self.fitted.append(measured_plan(f"round {index + 1}: {c.name}", c.plan, self.base, m.steps))
+        if not self.fitted:
+            return None
+        how = {"source": "umsearch tune: the contenders that ran on umsearch's runtime, every round so far",
+               "measure_rounds": self.cfg.measure_rounds}  # fmt: skip
+        self.current, report = fit_report(self.base, self.fitted, scales=self.cfg.scales, how=how)
+        return report
+
+    def round(self) -> RoundResult:
+        start = time.monotonic()
+        index = len(self.rounds)
+        self.report("search", 0)
+        cands = self.contenders()
+        before = [predict_ms(c.plan, self.current, self.cfg.state_factor) for c in cands]
+        self.report("measure", 1)
+        got = self.measure([Entry(name=c.name, plan=c.plan, runtime=c.runtime, schedule=c.schedule) for c in cands],
+                           self.cfg.measure_rounds)  # fmt: skip
+        self.report("refit", 2)
+        refit = self.refit(index, cands, got)
+        after = [predict_ms(c.plan, self.current, self.cfg.state_factor) for c in cands]
+        results = tuple(_result(c, b, a, m) for c, b, a, m in zip(cands, before, after, got, strict=True))
+        self.report("done", 3)
+        return RoundResult(index=index, contenders=results, refit=refit, wall_s=time.monotonic() - start)
+
+    def stop(self, elapsed_s: float) -> str | None:
+        """Why the loop ends after the last round, or None to go on."""
+        r = self.rounds
+        if len(r) >= 2 and r[-1].fastest.candidate.key == r[-2].fastest.candidate.key:
+            return STOP_REPEAT
+        if len(r) >= self.cfg.max_rounds:
+            return STOP_ROUNDS
+        if elapsed_s + r[-1].wall_s > self.cfg.budget_min * 60:
+            return STOP_BUDGET
+        return None
+
+
+def tune(profile: Profile, propose: ProposeFn, measure: MeasureFn, cfg: TuneConfig | None = None, *,
+         on_progress: Callable[[TuneProgress], None] | None = None) -> TuneResult:  # fmt: skip
+    """Run the loop (module docstring) from ``profile``; Ctrl-C returns what was measured before it."""
+    cfg = cfg or TuneConfig()
+    loop = _Loop(profile, propose, measure, cfg, on_progress)
+    start = time.monotonic()
+    stopped, interrupted = STOP_ROUNDS, False
+    try:
+        while True:
+            loop.rounds.append(loop.round())
+            why = loop.stop(time.monotonic() - start)
+            if why is not None:
+                stopped = why
+                break
+    except KeyboardInterrupt:
+        stopped, interrupted = STOP_INTERRUPTED, True
+    return TuneResult(rounds=tuple(loop.rounds), profile=loop.current, stopped=stopped, interrupted=interrupted,
+                      wall_s=time.monotonic() - start)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ the default proposer
+def structure(plan: Plan) -> tuple[Any, ...]:
+    """What makes two plans distinct: cuts, placement, lists, recompute and split; not the action order."""
+    return (tuple((st.lo, st.hi, st.rank, st.forward, st.backward, st.recompute) for st in plan.stages),
+            tuple(plan.uses_split))  # fmt: skip
+
+
+def distinct(plans: Sequence[tuple[float, Plan]], k: int) -> list[Plan]:
+    """The ``k`` fastest of ``(predicted ms, plan)`` with distinct :func:`structure`, fastest first (stable)."""
+    out: dict[tuple[Any, ...], Plan] = {}
+    for _, plan in sorted(plans, key=lambda tp: tp[0]):
+        out.setdefault(structure(plan), plan)
+        if len(out) == k:
+            break
+    return list(out.values())
+
+
+def search_proposer(space: Any, k: int) -> ProposeFn:
+    """Search ``space`` on the profile given: its front, and when that holds fewer than ``k`` distinct
+    plans, the best of a search per structure (chunks per rank, placement); plus every torch schedule's
+    best plan (the search's peer baselines)."""
+    from umsearch.core.schedules import PEER_SCHEDULES
+    from umsearch.search.driver import run_search
+
+    def propose(profile: Profile) -> list[Candidate]:
+        result = run_search(space, profile)
+        if result.interrupted:  # the search keeps Ctrl-C to itself; the loop must stop too
+            raise KeyboardInterrupt
+        pool = [(s.iteration_ms, s.plan) for s in result.pareto]
+        if len(distinct(pool, k)) < k:
+            structs = [(v, p) for v in space.schedule.stages_per_rank for p in (space.schedule.placements if v > 1 else ("loop",))]
+            for v, p in structs:
+                sub = dataclasses.replace(space, stages_per_rank=(v,), placement=p, peers=(),
+                                          time_budget_s=space.search.time_budget_s / len(structs))  # fmt: skip
+                pool += [(s.iteration_ms, s.plan) for s in run_search(sub, profile).pareto]
+        plans = [Candidate(name=f"plan {i + 1}", plan=p, runtime="umsearch") for i, p in enumerate(distinct(pool, k))]
+        peers = [Candidate(name=f"torch {n}", plan=b.plan, runtime="torch", schedule=n)
+                 for n, b in result.baselines.items() if n in PEER_SCHEDULES and b is not None]  # fmt: skip
+        return plans + peers
+
+    return propose
+
+
+def tune_on_machine(profile: Profile, space: Any, factory: Any, cfg: TuneConfig, run_cfg: Any, *,
+                    on_progress: Callable[[TuneProgress], None] | None = None) -> TuneResult:  # fmt: skip
+    """:func:`tune` with the search of ``space`` proposing and this machine measuring (``factory`` builds
+    the model in every rank; ``run_cfg`` is a :class:`~umsearch.runtime.config.RunConfig`)."""
+    from umsearch.orchestrate.measure import machine
+
+    return tune(profile, search_proposer(space, cfg.k), machine(factory, run_cfg), cfg, on_progress=on_progress)
+
+
+def tune_meta(space: Any, cfg: TuneConfig, run_cfg: Any, profile_path: str) -> dict[str, Any]:
+    """The settings ``tune.json`` records (what to rerun it with)."""
+    from umsearch.core.profile import file_sha256
+
+    return {"profile": profile_path, "profile_sha256": file_sha256(profile_path), "ranks": space.ranks,
+            "global_batch": space.global_batch, "seed": space.search.seed, "state_factor": space.state_factor,
+            "search_time_budget_s": space.search.time_budget_s, "search_space": space.to_json(),
+            "config": dataclasses.asdict(cfg), "backend": run_cfg.launch.backend, "threads": run_cfg.launch.threads,
+            "warmup_steps": run_cfg.warmup_steps}  # fmt: skip
