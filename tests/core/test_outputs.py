@@ -34,7 +34,7 @@ def _node(path: Path, kind: int, device: tuple[int, int]) -> Path:
     ("", "--gantt is an empty path"),
     ("a\0b.png", "contains a NUL byte"),
     ("x" * 256, "is 256 bytes long, over the limit of 255"),
-    ("/".join(["d"] * 2100), "bytes long ('d/d/d"),
+    ("/".join(["d"] * 2100), "is too long (4199 bytes"),
     ("\udc80x.png", None),  # an undecodable byte from the command line: a valid name
     ("\ud800.png", "cannot be encoded as a file name"),
 ])  # fmt: skip

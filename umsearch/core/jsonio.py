@@ -19,6 +19,7 @@ from typing import Any
 
 from umsearch.core.errors import UmsearchError
 from umsearch.core.outputs import write_output_file
+from umsearch.core.paths import path_text
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
@@ -45,37 +46,15 @@ MAX_JSON_DEPTH = 64
 """Deepest nesting of JSON arrays and objects accepted (a plan or profile needs four)."""
 
 
-MAX_PATH_BYTES = 4096
-"""Longest input path (Linux's PATH_MAX); each name in it at most 255 bytes."""
-
-
-def shown_path(text: str, limit: int = 80) -> str:
-    """``text`` quoted for a message, cut to ``limit`` characters (a 100,000-character path is not echoed)."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
 def check_input_path(path: str | os.PathLike[str], what: str, error: type[UmsearchError]) -> Path:
     """``path`` as a :class:`Path`, or ``error`` when no file can have that name.
 
     Refused before the file system is asked (where they raise ``ValueError`` or
     ``OSError`` instead of answering): an empty path, a NUL byte, text the file
-    system cannot encode, a path over :data:`MAX_PATH_BYTES` bytes or a name
+    system cannot encode, a path over :data:`~umsearch.core.paths.PATH_MAX` bytes or a name
     over 255 bytes. ``what`` names the file in messages (``"profile"``).
     """
-    text = os.fsdecode(path)
-    if text == "":
-        raise error(f"the {what} path is empty; give the path of a {what} file")
-    if "\0" in text:
-        raise error(f"the {what} path {shown_path(text)} contains a NUL byte; give a path without one")
-    try:
-        raw = os.fsencode(text)
-    except UnicodeEncodeError:
-        raise error(f"the {what} path {shown_path(text)} is not a file name (it holds text that is not "
-                    "Unicode); give a plain path") from None  # fmt: skip
-    if len(raw) > MAX_PATH_BYTES or any(len(part) > 255 for part in raw.split(b"/")):
-        raise error(f"the {what} path {shown_path(text)} is too long ({len(raw)} bytes; the limits are "
-                    f"{MAX_PATH_BYTES} for a path and 255 for a name); give the real path")  # fmt: skip
-    return Path(text)
+    return Path(path_text(path, f"the {what} path", error))
 
 
 def read_text(path: str | os.PathLike[str], what: str, error: type[UmsearchError]) -> str:

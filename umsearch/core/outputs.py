@@ -33,11 +33,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from umsearch.core.errors import OutputError
+from umsearch.core.paths import path_text
 
-NAME_MAX = 255
-"""Longest file or folder name, in bytes (Linux, macOS)."""
-PATH_MAX = 4096
-"""Longest path, in bytes."""
 MANIFEST = ".umsearch-outputs.json"
 """The manifest file :class:`OutputFolder` keeps in every folder it writes."""
 MANIFEST_SCHEMA = "umsearch.outputs/1"
@@ -49,27 +46,8 @@ beside the output folder."""
 
 
 def _path_text(path: str | os.PathLike[str], what: str) -> str:
-    """``path`` as text after the checks every output path gets: not empty, no NUL, encodable, not too long."""
-    text = os.fspath(path)
-    if not isinstance(text, str):
-        text = os.fsdecode(text)
-    if text == "":
-        raise OutputError(f"{what} is an empty path; give a file or folder name")
-    if "\0" in text:
-        raise OutputError(f"{what} {text!r} contains a NUL byte; give a path without one")
-    try:
-        raw = os.fsencode(text)
-    except UnicodeEncodeError:
-        raise OutputError(f"{what} {text!r} cannot be encoded as a file name; use plain characters") from None
-    if len(raw) > PATH_MAX:
-        raise OutputError(f"{what} is {len(raw)} bytes long ({text[:40]!r}...), over the limit of {PATH_MAX}; "
-                          "give a shorter path")  # fmt: skip
-    for part in raw.split(b"/"):
-        if len(part) > NAME_MAX:
-            name = os.fsdecode(part)
-            raise OutputError(f"{what}: the name {name[:40]!r}... is {len(part)} bytes long, over the limit of "
-                              f"{NAME_MAX}; give a shorter name")  # fmt: skip
-    return text
+    """``path`` as text after the checks every path gets (:func:`umsearch.core.paths.path_text`)."""
+    return path_text(path, what, OutputError)
 
 
 def _kind(mode: int) -> str:
@@ -108,8 +86,8 @@ def check_output_file(path: str | os.PathLike[str], what: str = "output file", *
                       inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:  # fmt: skip
     """``path`` as a :class:`Path` if a file can be written there; else :class:`OutputError` naming it and the fix.
 
-    Refused: an empty path, a NUL byte, a name over :data:`NAME_MAX` or a path
-    over :data:`PATH_MAX` bytes, a file (not a folder) above it, an existing
+    Refused: an empty path, a NUL byte, a name over :data:`~umsearch.core.paths.NAME_MAX` or a path
+    over :data:`~umsearch.core.paths.PATH_MAX` bytes, a file (not a folder) above it, an existing
     folder, FIFO, socket or block device. An existing regular file is fine (it
     is replaced atomically), so is a character device such as ``/dev/null``
     (written through). Missing parent folders are fine (created on writing).

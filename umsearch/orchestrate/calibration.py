@@ -20,11 +20,12 @@ import statistics
 from typing import Any
 
 from umsearch.core.cost import CostModel
+from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, equal_split, placed_plan
 from umsearch.core.profile import Profile, RuntimeCosts
 from umsearch.core.schedules import PEER_SCHEDULES
 from umsearch.orchestrate.fit import MeasuredPlan, Scales, action_samples, fit_report
-from umsearch.search.partition import balanced_cuts, stage_work
+from umsearch.search.partition import stage_cuts
 
 PROBES: tuple[tuple[str, int, int], ...] = (
     ("GPipe", 1, 2), ("GPipe", 1, 16), ("1F1B", 1, 8), ("Interleaved1F1B", 2, 4), ("ZBVZeroBubble", 2, 8),
@@ -43,7 +44,7 @@ def probe_plans(profile: Profile, ranks: int = 2, batch: int = 16) -> list[tuple
         if peer.accepts(ranks, v, m) is not None or ranks * v > profile.num_layers or m > batch:
             continue
         sizes = equal_split(batch, m)
-        cuts = balanced_cuts(stage_work(tables, sizes[0]), ranks * v)
+        cuts = stage_cuts(tables, sizes[0], ranks * v)
         plan = placed_plan(cuts, peer.stage_ranks(ranks, v), batch, [sizes] * (ranks * v),
                            peer.generate(ranks, v, m))  # fmt: skip
         out.append((f"{name} x{m}" + (f" v{v}" if v > 1 else ""), plan))
@@ -54,6 +55,19 @@ def measured_plan(name: str, plan: Plan, profile: Profile, rounds: Any) -> Measu
     """A plan's measured rounds (StepResults) as the fit takes them."""
     return MeasuredPlan(name=name, plan=plan, iteration_ms=statistics.median(s.iteration_ms for s in rounds),
                         samples=action_samples(name, plan, profile, rounds))  # fmt: skip
+
+
+def require_this_machine(profile: Profile, command: str) -> None:
+    """Refuse to fit a profile measured on another device type than the CPU the probes run on here: the
+    fit would blame the runtime for the difference between the devices
+    (:func:`umsearch.runtime.preflight.check_measured_on`)."""
+    from umsearch.runtime.preflight import check_measured_on
+
+    on = check_measured_on(profile, device_type="cpu", precision=None)
+    if on.device_differs:
+        raise PlanError(f"{command} runs its plans on this machine's CPU, but the profile was measured on "
+                        f"{profile.device}: the fit would take the devices' difference for runtime costs; run "
+                        f"{command} on the machine the profile was measured on, or profile here first")  # fmt: skip
 
 
 def calibrate(profile: Profile, factory: Any, *, rounds: int = 7, ranks: int = 2, batch: int = 16,
@@ -69,6 +83,7 @@ def calibrate(profile: Profile, factory: Any, *, rounds: int = 7, ranks: int = 2
     from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.fidelity import Contender, measure_rounds
 
+    require_this_machine(profile, "calibrate")
     bare = CostModel(dataclasses.replace(profile, runtime=RuntimeCosts()))  # measuring needs no prediction
     probes = probe_plans(profile, ranks, batch)
     cfg = RunConfig(warmup_steps=2, launch=LaunchConfig(threads=threads, timeout_s=600))

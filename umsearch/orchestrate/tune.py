@@ -327,8 +327,10 @@ def tune_on_machine(profile: Profile, space: Any, factory: Any, cfg: TuneConfig,
                     on_progress: Callable[[TuneProgress], None] | None = None) -> TuneResult:  # fmt: skip
     """:func:`tune` with the search of ``space`` proposing and this machine measuring (``factory`` builds
     the model in every rank; ``run_cfg`` is a :class:`~umsearch.runtime.config.RunConfig`)."""
+    from umsearch.orchestrate.calibration import require_this_machine
     from umsearch.orchestrate.measure import machine
 
+    require_this_machine(profile, "tune")
     return tune(profile, search_proposer(space, cfg.k), machine(factory, run_cfg), cfg, on_progress=on_progress)
 
 
