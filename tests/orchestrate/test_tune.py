@@ -203,3 +203,21 @@ def test_distinct_plans_differ_in_more_than_their_order() -> None:
     reordered = dataclasses.replace(a, actions=(a.actions[0], a.actions[1][::-1]))  # not even valid: order only
     picked = distinct([(1.0, a), (1.5, reordered), (2.0, PLANS["GPipe x2"]), (3.0, PLANS["GPipe x16"])], 2)
     assert picked == [a, PLANS["GPipe x2"]]
+
+
+def test_the_search_proposer_fills_k_from_a_search_per_structure(tmp_path: Path) -> None:
+    """When the front holds fewer than K distinct plans, one short search per structure adds more."""
+    from umsearch.core.profile import save_profile
+    from umsearch.measure.synthetic import bimodal_profile
+    from umsearch.orchestrate.tune import search_proposer, structure
+    from umsearch.search.space import build_space
+
+    profile = bimodal_profile(layers=4)
+    save_profile(profile, tmp_path / "p.json")
+    space = build_space({"profile": str(tmp_path / "p.json"), "ranks": 2, "global_batch": 8, "generations": 1,
+                         "population": 8, "time_budget_s": 60, "stages_per_rank": [1, 2]})  # fmt: skip
+    candidates = search_proposer(space, k=8)(profile)
+    plans = [c for c in candidates if c.runtime == "umsearch"]
+    peers = [c for c in candidates if c.runtime == "torch"]
+    assert plans and len({structure(c.plan) for c in plans}) == len(plans)
+    assert {c.schedule for c in peers} <= set(space.schedule.peers) and peers

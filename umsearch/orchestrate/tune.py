@@ -312,8 +312,9 @@ def search_proposer(space: Any, k: int) -> ProposeFn:
         if len(distinct(pool, k)) < k:
             structs = [(v, p) for v in space.schedule.stages_per_rank for p in (space.schedule.placements if v > 1 else ("loop",))]
             for v, p in structs:
-                sub = dataclasses.replace(space, stages_per_rank=(v,), placement=p, peers=(),
-                                          time_budget_s=space.search.time_budget_s / len(structs))  # fmt: skip
+                sub = dataclasses.replace(
+                    space, schedule=dataclasses.replace(space.schedule, stages_per_rank=(v,), placement=p, peers=()),
+                    search=dataclasses.replace(space.search, time_budget_s=space.search.time_budget_s / len(structs)))
                 pool += [(s.iteration_ms, s.plan) for s in run_search(sub, profile).pareto]
         plans = [Candidate(name=f"plan {i + 1}", plan=p, runtime="umsearch") for i, p in enumerate(distinct(pool, k))]
         peers = [Candidate(name=f"torch {n}", plan=b.plan, runtime="torch", schedule=n)
