@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from tests.contract import example8
 from tests.runtime.helpers import peer_plan, placed
 from umsearch.core.errors import PlanError
 from umsearch.core.export import parse_pipelining_csv
+from umsearch.core.plan import validate_plan
 from umsearch.core.schedules import PEER_SCHEDULES
 from umsearch.core.torchtitan import (
     PARALLELISM_KEYS,
+    TRAINING_KEYS,
     module_names,
     named_schedule,
     torchtitan_export,
@@ -25,13 +31,18 @@ TORCHTITAN_PIPELINE_FIELDS = {
     "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
     "pipeline_parallel_microbatch_size",
 }  # fmt: skip
+# Its data-parallel fields: plain replication (DDP) and sharding (FSDP; -1 takes the devices left over).
+TORCHTITAN_DATA_PARALLEL_FIELDS = {"data_parallel_replicate_degree", "data_parallel_shard_degree"}
+# The batch fields of its ``Training`` job config: per-device batch, and the global one (-1: local x DP degree).
+TORCHTITAN_TRAINING_FIELDS = {"local_batch_size", "global_batch_size"}
 # torch.distributed.pipelining.schedules.get_schedule_class's names (2.13), which torchtitan passes on.
 TORCH_SCHEDULE_NAMES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
                         "PipelineScheduleSingle", "PipelineScheduleMulti", "ZBVZeroBubble", "DualPipeV"}  # fmt: skip
 
 
 def test_every_key_written_is_one_of_torchtitans() -> None:
-    assert set(PARALLELISM_KEYS) <= TORCHTITAN_PIPELINE_FIELDS
+    assert set(PARALLELISM_KEYS) <= TORCHTITAN_PIPELINE_FIELDS | TORCHTITAN_DATA_PARALLEL_FIELDS
+    assert set(TRAINING_KEYS) <= TORCHTITAN_TRAINING_FIELDS
     assert set(PEER_SCHEDULES) <= TORCH_SCHEDULE_NAMES
 
 
@@ -83,3 +94,52 @@ def test_what_torchtitan_cannot_run_is_refused_with_the_reason() -> None:
 def test_module_names() -> None:
     assert module_names(["embedding", "block0"], sequential=True) == ["0", "1"]
     assert module_names(["tok_embeddings", "layers.0"], sequential=False) == ["tok_embeddings", "layers.0"]
+
+
+def test_data_parallel_replicas_export_as_fsdp_beside_the_pipeline_with_a_note() -> None:
+    plan = peer_plan("1F1B", 2, 1, 4, batch=8, layers=2)  # one replica's lists: B / D = 8
+    dp = validate_plan(replace(plan, global_batch=24, data_parallel=3))
+    exp = torchtitan_export(dp, ["a", "b"])
+    assert exp.training == {"local_batch_size": 8, "global_batch_size": 24}
+    par = exp.parallelism
+    assert par["pipeline_parallel_degree"] == 2 and par["pipeline_parallel_microbatch_size"] == 2
+    assert par["data_parallel_shard_degree"] == 3 and par["data_parallel_replicate_degree"] == 1
+    assert par["pipeline_parallel_schedule"] == "1F1B"
+    assert set(par) <= set(PARALLELISM_KEYS) and set(exp.training) <= set(TRAINING_KEYS)
+    assert tomllib.loads(exp.toml())["training"] == exp.training
+    (note,) = exp.notes
+    assert "does not run beside pipeline parallelism" in note and "data_parallel_shard_degree = 3" in note
+    # One replica: the export is what it always was, no data-parallel key, no note.
+    single = torchtitan_export(plan, ["a", "b"])
+    assert single.notes == () and not any(k.startswith("data_parallel") for k in single.parallelism)
+    assert single.training == {"local_batch_size": 8}
+
+
+def test_zero1_and_pp_inner_plans_say_what_torchtitan_does_instead() -> None:
+    exp = torchtitan_export(example8("pp_inner", zero1=True), ["a", "b", "c", "d"])
+    assert exp.parallelism["data_parallel_shard_degree"] == 2 and exp.training["local_batch_size"] == 4
+    text = " ".join(exp.notes)
+    assert "torchtitan has no ZeRO-1 setting" in text and "shards parameters and gradients too" in text
+    assert "layout is pp_inner" in text and "(dp_inner) instead" in text
+
+
+def test_the_export_command_writes_the_data_parallel_settings_and_says_what_differs(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tests.strategies import uniform_profile
+    from umsearch.cli.export import export_command
+    from umsearch.core.plan import save_plan
+    from umsearch.core.profile import save_profile
+
+    save_profile(uniform_profile(layers=2), tmp_path / "prof.json")
+    plan = validate_plan(replace(peer_plan("1F1B", 2, 1, 4, batch=8, layers=2), global_batch=16, data_parallel=2,
+                                 zero1=True))  # fmt: skip
+    save_plan(plan, tmp_path / "plan.json", profile="prof.json")
+    res = CliRunner().invoke(export_command, [str(tmp_path / "plan.json"), "--format", "torchtitan", "--out",
+                                              str(tmp_path / "tt"), "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    cfg = tomllib.loads((tmp_path / "tt" / "torchtitan.toml").read_text())
+    assert cfg["training"] == {"local_batch_size": 8, "global_batch_size": 16}
+    assert cfg["parallelism"]["data_parallel_shard_degree"] == 2
+    notes = " ".join(json.loads(res.stdout)["notes"])
+    assert "exported as FSDP (data_parallel_shard_degree = 2)" in notes and "no ZeRO-1 setting" in notes

@@ -88,6 +88,7 @@ def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
     except PlanError as why:
         exp, note = _fallback(loaded, plan_path, modules, why)
         notes.append(note)
+    notes.extend(exp.notes)  # data-parallel replicas: what torchtitan runs instead
     header = (f"torchtitan settings written by umsearch export from {plan_path}\n"
               "merge these sections into your train config (or pass them as --parallelism.* flags)")  # fmt: skip
     write_output(str(out / "torchtitan.toml"), "--out", lambda p: write_text_atomic(p, exp.toml(header)))

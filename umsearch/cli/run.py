@@ -45,6 +45,7 @@ from umsearch.runtime.config import (
     to_argv,
 )
 from umsearch.runtime.launch import ENTRY_MODULE
+from umsearch.runtime.placement import check_runnable, world_size
 from umsearch.runtime.run import check_writable
 
 # ---------------------------------------------------------------------------
@@ -155,9 +156,10 @@ def run_warnings(loaded: LoadedPlan, cfg: RunConfig, cpus: int | None = None) ->
                    "plan's profile_sha256); the prediction is for another measurement")  # fmt: skip
     lc = cfg.launch
     cpus = usable_cpus() if cpus is None else cpus
-    ranks = loaded.plan.ranks
+    ranks = world_size(loaded.plan)  # every rank of every replica is a process
+    what = "ranks" if loaded.plan.data_parallel == 1 else f"processes ({loaded.plan.data_parallel} replicas)"
     if lc.backend == "gloo" and ranks * (lc.threads or 1) > cpus:
-        out.append(f"{ranks} ranks x {lc.threads or 1} thread(s) need {ranks * (lc.threads or 1)} cores but "
+        out.append(f"{ranks} {what} x {lc.threads or 1} thread(s) need {ranks * (lc.threads or 1)} cores but "
                    f"{cpus} are available: ranks share cores, so measured times include contention the model "
                    "does not have")  # fmt: skip
     return out
@@ -172,11 +174,13 @@ def _warn(lines: list[str]) -> None:
 
 def load_checked(plan_path: str, choice: ModelChoice, *, require_profile: bool = False) -> LoadedPlan:
     """The plan with profile and model, refused (before anything starts, without running model code)
-    when its model may not run, it deadlocks, or it does not fit its profile."""
+    when its model may not run, it deadlocks, it does not fit its profile, or it asks for what the
+    runtime does not do (zero1)."""
     from umsearch.runtime.factory import check_spec_size, require_trusted, resolve_plan
     from umsearch.runtime.preflight import preflight
 
     loaded = resolve_plan(plan_path, choice, require_profile=require_profile)
+    check_runnable(loaded.plan)
     check_spec_size(require_trusted(loaded))  # before anything is built, --print-launch included
     preflight(loaded.plan, None, loaded.cost() if loaded.profile is not None else None)
     return loaded
@@ -229,12 +233,18 @@ def rendezvous_id(plan_path: str, argv: Sequence[str]) -> str:
 def launch_text(plan_path: str, plan: Plan, cfg: RunConfig, choice: ModelChoice, *, nnodes: int = 1,
                 nproc_per_node: int | None = None, rdzv_endpoint: str | None = None,
                 node_rank: int | None = None) -> str:  # fmt: skip
-    """The torchrun command (after ``#`` comments) that runs ``plan``: the same line on every node."""
-    R = plan.ranks
-    per_node = nproc_per_node or -(-R // nnodes)
-    if nnodes * per_node != R:
-        raise PlanError(f"the plan has {R} rank(s), which do not fill {nnodes} node(s) of {per_node} process(es); "
-                        f"pick --nnodes and --nproc-per-node with nnodes x nproc-per-node = {R}")  # fmt: skip
+    """The torchrun command (after ``#`` comments) that runs ``plan``: the same line on every node.
+
+    A data-parallel plan needs ``R x D`` processes; with a ``cluster`` they must fit ``nnodes`` nodes
+    of its ``gpus_per_node`` devices."""
+    R, D = plan.ranks, plan.data_parallel
+    world = world_size(plan)
+    per_node = nproc_per_node or -(-world // nnodes)
+    has = f"{R} rank(s)" if D == 1 else f"{R} rank(s) x {D} replicas = {world} processes"
+    if nnodes * per_node != world:
+        raise PlanError(f"the plan has {has}, which do not fill {nnodes} node(s) of {per_node} process(es); "
+                        f"pick --nnodes and --nproc-per-node with nnodes x nproc-per-node = {world}")  # fmt: skip
+    _check_cluster_fit(plan, nnodes, per_node)
     if node_rank is not None and not 0 <= node_rank < nnodes:
         raise PlanError(f"--node-rank {node_rank} is not a node of {nnodes}; give 0..{nnodes - 1}")
     argv = entry_argv(plan_path, cfg, choice)
@@ -250,13 +260,28 @@ def launch_text(plan_path: str, plan: Plan, cfg: RunConfig, choice: ModelChoice,
     cmd = [*env, "torchrun", *rdzv, f"--nproc-per-node={per_node}", "--max-restarts=0", *argv]
     where = "GPU cuda:LOCAL_RANK" if cfg.launch.backend == "nccl" else "CPU"
     node = f" (this is node {node_rank})" if node_rank is not None else ""
+    each = "one per rank" if D == 1 else f"one per rank of each replica (layout {plan.layout})"
     lines = [
-        f"# {R} rank(s): {nnodes} node(s) x {per_node} process(es), one per rank, each on its {where}.",
+        f"# {has}: {nnodes} node(s) x {per_node} process(es), {each}, each on its {where}.",
         f"# Run this same line on every node{node}, with the same plan file and umsearch installed;"
         + (" the c10d rendezvous gives each node its ranks as it joins." if nnodes > 1 or rdzv_endpoint else ""),
         " ".join(shlex.quote(word) for word in cmd),  # every word: the plan path and the endpoint are the user's
     ]
     return "\n".join(lines)
+
+
+def _check_cluster_fit(plan: Plan, nnodes: int, per_node: int) -> None:
+    """With the plan's cluster: its devices must hold the processes, and a node no more processes
+    than it has devices (torchrun gives node k world ranks ``k * per_node ..``, as the plan's
+    ``device // gpus_per_node`` assumes when ``per_node`` is ``gpus_per_node``)."""
+    if plan.cluster is None:
+        return
+    G, world = plan.cluster.gpus_per_node, world_size(plan)
+    if per_node > G or nnodes * G < world:
+        need = -(-world // G)
+        raise PlanError(f"the plan's {world} processes do not fit {nnodes} node(s) of its cluster's "
+                        f"gpus_per_node = {G} (one process per device); use --nnodes {need} "
+                        f"--nproc-per-node {min(G, world)}")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -274,14 +299,15 @@ def launch_text(plan_path: str, plan: Plan, cfg: RunConfig, choice: ModelChoice,
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Nodes of the --print-launch command.")  # fmt: skip
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
-              help="Processes per node in the --print-launch command [default: ranks / nnodes].")  # fmt: skip
+              help="Processes per node in the --print-launch command [default: ranks x replicas / nnodes].")  # fmt: skip
 @click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
               help="c10d rendezvous of the --print-launch command (needed for --nnodes > 1).")  # fmt: skip
 @click.option("--node-rank", type=click.IntRange(min=0), default=None,
               help="Node the --print-launch command is for; the line is the same on every node.")  # fmt: skip
 @one_line_errors
 def run_command(plan_path: str, **values: Any) -> None:
-    """Train PLAN.json's model for a few iterations, one local torchrun process per rank, and time it."""
+    """Train PLAN.json's model for a few iterations, one local torchrun process per rank (of every
+    data-parallel replica), and time it."""
     cfg, choice, extra = split_values(values)
     if click.get_current_context().get_parameter_source("warmup_steps") is not ParameterSource.DEFAULT:
         cfg.check_warmup()  # with --print-launch too: the printed command would time nothing
@@ -316,7 +342,7 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
     spec = loaded.require_model()  # trusted: load_checked said so
     check_layers(loaded.plan, count_layers(spec_factory(spec, cfg.seed)))
     _warn(run_warnings(loaded, cfg))
-    result = run_plan_file(plan_path, loaded.plan.ranks, cfg, choice)
+    result = run_plan_file(plan_path, world_size(loaded.plan), cfg, choice)
     median = result.median_step(cfg.warmup_steps)
     doc = run_document(result, cfg, meta={"plan": str(plan_path), "model": spec.to_json()})
     doc["predicted_iteration_ms"] = predicted_ms(loaded)

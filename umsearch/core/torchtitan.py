@@ -21,6 +21,22 @@ its ``Parallelism`` job config (``torchtitan/config/job_config.py``) and its
   the schedule name to place stages on ranks (V-shape for ``ZBVZeroBubble``,
   looped otherwise), so umsearch names one with the plan's placement.
 
+Data-parallel replicas (MODEL.md section 9, ``data_parallel = D > 1``):
+``training.local_batch_size`` is one replica's ``B / D`` (torchtitan's
+per-device batch) and ``training.global_batch_size`` is ``B``. torchtitan's
+plain replication, ``data_parallel_replicate_degree`` (DDP), does not compose
+with pipeline parallelism: its parallelize step raises "DDP has not supported
+> 1D parallelism" unless DDP spans every device. Its data parallelism beside a
+pipeline is FSDP, ``data_parallel_shard_degree``, which also shards
+parameters, gradients and optimizer states and reduce-scatters the gradients
+instead of all-reducing them; so the export writes
+``data_parallel_shard_degree = D`` (``data_parallel_replicate_degree = 1``)
+and says so (:attr:`TorchtitanExport.notes`). torchtitan's device mesh puts the
+pipeline outermost, so a stage's copies sit side by side: the ``dp_inner``
+layout; a ``pp_inner`` plan is noted too. torchtitan has no ZeRO-1 setting: a
+``zero1`` plan exports the same FSDP settings, with a note that FSDP shards
+more than the plan does.
+
 Pure Python; neither torch nor torchtitan is imported.
 """
 
@@ -35,6 +51,8 @@ from umsearch.core.plan import Plan
 from umsearch.core.schedules import PEER_SCHEDULES, placement
 
 PARALLELISM_KEYS = (
+    "data_parallel_replicate_degree",
+    "data_parallel_shard_degree",
     "pipeline_parallel_degree",
     "pipeline_parallel_microbatch_size",
     "module_fqns_per_model_part",
@@ -42,6 +60,9 @@ PARALLELISM_KEYS = (
     "pipeline_parallel_schedule_csv",
 )
 """Every ``[parallelism]`` key an export writes, spelled as torchtitan's job config spells them."""
+
+TRAINING_KEYS = ("local_batch_size", "global_batch_size")
+"""Every ``[training]`` key an export writes, spelled as torchtitan's job config spells them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +75,8 @@ class TorchtitanExport:
     """The ``[parallelism]`` settings, keys from :data:`PARALLELISM_KEYS`."""
     csv: str | None
     """The compute-only schedule CSV when no named schedule matches (None otherwise)."""
+    notes: tuple[str, ...] = ()
+    """Where torchtitan will not run the plan exactly as umsearch planned it (data parallelism)."""
 
     def toml(self, header: str = "") -> str:
         """The settings as a TOML fragment to merge into a torchtitan train config."""
@@ -105,6 +128,27 @@ def _placement_name(plan: Plan) -> str:
     )
 
 
+def data_parallel_notes(plan: Plan) -> tuple[str, ...]:
+    """What torchtitan does instead of the plan's data-parallel replicas (none for one replica)."""
+    D = plan.data_parallel
+    if D == 1:
+        return ()
+    notes = [
+        f"torchtitan's plain replication (data_parallel_replicate_degree, DDP) does not run beside pipeline "
+        f"parallelism, so the plan's {D} replicas are exported as FSDP (data_parallel_shard_degree = {D}): "
+        "torchtitan shards parameters, gradients and optimizer states over them and reduce-scatters the "
+        "gradients instead of all-reducing them, so its memory and communication differ from umsearch's "
+        "prediction (umsearch run runs the plan's replicas as planned)"
+    ]
+    if plan.zero1:
+        notes.append("the plan shards optimizer states over its replicas (zero1); torchtitan has no ZeRO-1 "
+                     "setting: its FSDP shards parameters and gradients too, using less memory than planned")  # fmt: skip
+    if plan.layout != "dp_inner":
+        notes.append(f"the plan's layout is {plan.layout} (a replica's ranks side by side); torchtitan's device mesh "
+                     "puts the pipeline outermost, so a stage's copies sit side by side (dp_inner) instead")  # fmt: skip
+    return tuple(notes)
+
+
 def module_names(layer_names: Sequence[str], sequential: bool) -> list[str]:
     """The module path of each layer: its index in an ``nn.Sequential`` (zoo models), else its name."""
     return [str(i) for i in range(len(layer_names))] if sequential else list(layer_names)
@@ -112,6 +156,7 @@ def module_names(layer_names: Sequence[str], sequential: bool) -> list[str]:
 
 def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "schedule.csv") -> TorchtitanExport:
     """torchtitan's settings for ``plan`` (equal microbatches only); ``modules[i]`` is layer i's path.
+    With data-parallel replicas, also the data-parallel degree and batch sizes (module docstring).
 
     Raises PlanError, naming the reason and the way out, for a plan torchtitan
     cannot run as it is (unequal microbatches, a size that does not divide the
@@ -125,12 +170,17 @@ def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "sched
     sizes = plan.stages[0].forward
     if len(set(sizes)) != 1:
         raise PlanError(
-            f"the plan splits the batch of {plan.global_batch} into {len(sizes)} microbatches of sizes "
+            f"the plan splits the batch of {plan.replica_batch} into {len(sizes)} microbatches of sizes "
             f"{sorted(set(sizes))}; torchtitan needs one microbatch size that divides the batch"
         )
     if len(modules) != plan.num_layers:
         raise PlanError(f"{len(modules)} layer names for a plan over {plan.num_layers} layers")
-    parallelism: dict[str, Any] = {
+    parallelism: dict[str, Any] = {}
+    training: dict[str, Any] = {"local_batch_size": plan.replica_batch}
+    if plan.data_parallel > 1:
+        parallelism |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": plan.data_parallel}
+        training["global_batch_size"] = plan.global_batch
+    parallelism |= {
         "pipeline_parallel_degree": plan.ranks,
         "pipeline_parallel_microbatch_size": sizes[0],
         "module_fqns_per_model_part": [list(modules[st.lo:st.hi]) for st in plan.stages],
@@ -146,4 +196,4 @@ def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "sched
         except ValueError as exc:  # an order torch's schedule validation would refuse
             raise PlanError(f"torch cannot load the plan's order as a schedule CSV: {exc}") from None
         parallelism["pipeline_parallel_schedule_csv"] = csv_path
-    return TorchtitanExport(training={"local_batch_size": plan.global_batch}, parallelism=parallelism, csv=csv)
+    return TorchtitanExport(training=training, parallelism=parallelism, csv=csv, notes=data_parallel_notes(plan))

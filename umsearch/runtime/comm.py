@@ -12,6 +12,11 @@ executor derives both from the plan), and a receive posted early on one link
 never queues behind a send on another. With gloo the groups are separate
 channels and tags (unique per message) match them as well.
 
+With data-parallel replicas (MODEL.md section 9) every replica has its own
+links among its own processes: ``replicas[d][r]`` is the world rank of
+replica ``d``'s pipeline rank ``r``; a rank speaks of its peers by pipeline
+rank and :class:`RankComm` sends to their world ranks.
+
 Every group gets the link timeout (by default the default group's), so a rank
 waiting on a message that never comes fails after ``--timeout`` seconds
 instead of torch's 30-minute default. :meth:`RankComm.create` ends with one
@@ -68,38 +73,53 @@ def plan_links(plan: Plan) -> tuple[Link, ...]:
 class RankComm:
     """The links of one rank: a process group per directed pair of ranks that exchanges messages."""
 
-    def __init__(self, *, rank: int, groups: dict[Link, dist.ProcessGroup], device: torch.device) -> None:
+    def __init__(self, *, rank: int, groups: dict[Link, dist.ProcessGroup], device: torch.device,
+                 world: Sequence[int] | None = None) -> None:  # fmt: skip
         self.rank = rank
         self._groups = groups
         self._device = device
+        self._world = tuple(world) if world is not None else None  # pipeline rank -> world rank
 
     @classmethod
-    def create(cls, links: Sequence[Link], device: torch.device, timeout: timedelta | None = None) -> RankComm:
-        """Build one group per link; every rank of the default group must call this with the same ``links``.
+    def create(cls, links: Sequence[Link], device: torch.device, timeout: timedelta | None = None, *,
+               replicas: Sequence[Sequence[int]] | None = None) -> RankComm:  # fmt: skip
+        """Build one group per link (per replica); every process of the default group must call this with
+        the same ``links`` and ``replicas``.
 
         ``timeout`` bounds every wait on a link (default: the default group's
-        timeout, as given to ``init_process_group``).
+        timeout, as given to ``init_process_group``). ``replicas[d][r]``: the
+        world rank of replica ``d``'s pipeline rank ``r`` (default: one
+        replica, pipeline rank = world rank); links name pipeline ranks.
         """
         if not dist.is_initialized():
             raise RuntimeExecutionError(
                 "torch.distributed is not initialised; call init_process_group first (umsearch run does it for you)"
             )
         me, world = dist.get_rank(), dist.get_world_size()
-        bad = [link for link in links if link[0] == link[1] or not all(0 <= r < world for r in link)]
+        maps = [tuple(m) for m in replicas] if replicas is not None else [tuple(range(world))]
+        ranks = len(maps[0])
+        bad = [link for link in links if link[0] == link[1] or not all(0 <= r < ranks for r in link)]
         if bad:
-            raise RuntimeExecutionError(f"link {bad[0]} is not a pair of distinct ranks among the {world} started")
+            raise RuntimeExecutionError(f"link {bad[0]} is not a pair of distinct ranks among the {ranks} of a replica")
+        mine = next((m for m in maps if me in m), None)
+        if mine is None:
+            raise RuntimeExecutionError(f"process {me} is in none of the replicas {maps}")
         timeout = timeout if timeout is not None else default_group_timeout()
         groups: dict[Link, dist.ProcessGroup] = {}
-        for link in sorted(set(links)):
-            # new_group is collective over the default group: every rank creates every group. It does not
-            # inherit the default group's timeout, hence the explicit one.
-            group = dist.new_group(sorted(link), timeout=timeout)
-            if me in link:
-                assert group is not None
-                groups[link] = group
-        comm = cls(rank=me, groups=groups, device=device)
+        for m in maps:
+            for link in sorted(set(links)):
+                # new_group is collective over the default group: every process creates every group. It
+                # does not inherit the default group's timeout, hence the explicit one.
+                group = dist.new_group(sorted(m[r] for r in link), timeout=timeout)
+                if m is mine and mine.index(me) in link:
+                    assert group is not None
+                    groups[link] = group
+        comm = cls(rank=mine.index(me), groups=groups, device=device, world=mine)
         comm._connect(sorted(set(links)))
         return comm
+
+    def _world_rank(self, rank: int) -> int:
+        return self._world[rank] if self._world is not None else rank
 
     def _connect(self, links: Sequence[Link]) -> None:
         """One blocking message per link of this rank, in the global order of ``links``."""
@@ -129,19 +149,19 @@ class RankComm:
         return group
 
     def isend(self, dst: int, tensor: torch.Tensor, tag: int) -> Handle:
-        """Start sending ``tensor`` to rank ``dst`` on the link ``(me, dst)``."""
-        work = dist.isend(tensor, dst=dst, group=self._group((self.rank, dst)), tag=tag)
+        """Start sending ``tensor`` to (pipeline) rank ``dst`` on the link ``(me, dst)``."""
+        work = dist.isend(tensor, dst=self._world_rank(dst), group=self._group((self.rank, dst)), tag=tag)
         assert work is not None
         return work
 
     def irecv(self, src: int, buffer: torch.Tensor, tag: int) -> Handle:
-        """Start receiving into ``buffer`` from rank ``src`` on the link ``(src, me)``."""
-        work = dist.irecv(buffer, src=src, group=self._group((src, self.rank)), tag=tag)
+        """Start receiving into ``buffer`` from (pipeline) rank ``src`` on the link ``(src, me)``."""
+        work = dist.irecv(buffer, src=self._world_rank(src), group=self._group((src, self.rank)), tag=tag)
         assert work is not None
         return work
 
     def barrier(self) -> None:
-        """Wait for every rank (the default group) to get here."""
+        """Wait for every process (the default group: every rank of every replica) to get here."""
         if self._device.type == "cuda":
             dist.barrier(device_ids=[self._device.index or 0])
         else:

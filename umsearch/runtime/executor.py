@@ -36,6 +36,13 @@ on, so posting, assembling and sending count, waiting does not. With
 ``layer_timing`` the stages also time each layer's ``F``/``B``/``I``/``W``
 (:class:`~umsearch.runtime.timing.LayerRecord`).
 
+A data-parallel plan (MODEL.md section 9) runs one executor per rank of
+every replica, each given its replica's own ``B / D`` samples and a
+:class:`~umsearch.runtime.gradsync.GradSync`: once the rank's last ``B``/``W``
+of a stage has ended, that stage's gradients start their all-reduce across the
+stage's copies (asynchronously, while the rank runs the rest of its list);
+the iteration waits for them all before the optimizer steps.
+
 Setup is linear in the plan: one merge of the two partitions per pair of
 neighbouring stages and one pass over the rank lists that feed this rank
 (plans may hold 100,000 microbatches).
@@ -55,6 +62,7 @@ from umsearch.core.plan import Plan, validate_plan
 from umsearch.core.samples import all_overlaps
 from umsearch.nn.precision import LossScaler, Precision
 from umsearch.runtime.comm import Comm, Handle, first_line
+from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
 from umsearch.runtime.stage import LossFn, StageCompute
@@ -86,7 +94,8 @@ class IterationStats:
     stages: tuple[int, ...]
     """The stages it holds."""
     loss: float | None
-    """Full-batch mean loss (only on the rank holding the last stage)."""
+    """Only on the rank holding the last stage: the full-batch mean loss, or with ``D`` replicas this
+    replica's share of it (its samples' mean loss over ``D``; the shares sum to the full-batch loss)."""
     actions: tuple[ActionRecord, ...]
     """Every action, in execution order, with its times."""
     pipeline_ms: float
@@ -97,6 +106,10 @@ class IterationStats:
     """Per-layer times (``layer_timing`` only)."""
     peak_memory_bytes: int | None = None
     """Peak allocated device memory during the iteration (CUDA only)."""
+    replica: int = 0
+    """The data-parallel replica the rank belongs to."""
+    allreduce_end_ms: float | None = None
+    """When the wait for the gradient all-reduces ended (ms after the barrier; None without replicas)."""
 
     @property
     def ops(self) -> tuple[ActionRecord, ...]:
@@ -160,6 +173,8 @@ class StageExecutor:
     ``nn.Sequential`` of their layers). ``precision``: forwards run under its autocast (bf16, fp16) and
     fp16 scales the loss, every rank deciding alike whether to step
     (:class:`~umsearch.nn.precision.LossScaler`); after an iteration the gradients are unscaled.
+    ``grad_sync``: needed when the plan has ``data_parallel > 1`` (the inputs are then this replica's
+    ``plan.replica_batch`` samples); each stage's gradients are all-reduced across its copies.
     """
 
     def __init__(
@@ -174,8 +189,14 @@ class StageExecutor:
         device: torch.device | str | None = None,
         layer_timing: bool = False,
         precision: Precision | str | None = None,
+        grad_sync: GradSync | None = None,
     ) -> None:
         validate_plan(plan)
+        if plan.data_parallel > 1 and grad_sync is None:
+            raise RuntimeExecutionError(
+                f"the plan has {plan.data_parallel} data-parallel replicas; give the executor a grad_sync "
+                "(umsearch.runtime.gradsync.GradSync.create) so that every stage's gradients are all-reduced"
+            )
         if not 0 <= rank < plan.ranks:
             raise RuntimeExecutionError(f"rank {rank} is outside the plan's {plan.ranks} ranks (0..{plan.ranks - 1})")
         self.plan, self.rank = plan, rank
@@ -193,7 +214,7 @@ class StageExecutor:
             raise RuntimeExecutionError(
                 f"{S} stages x {biggest} microbatches need message tags beyond int32; use fewer microbatches"
             )
-        self.comm, self.optimizer = comm, optimizer
+        self.comm, self.optimizer, self.grad_sync = comm, optimizer, grad_sync
         self.device = torch.device(device) if device is not None else (
             comm.device if comm is not None else torch.device("cpu")
         )  # fmt: skip
@@ -209,6 +230,7 @@ class StageExecutor:
         self.shapes_known = False
         self.in_shapes: dict[int, SampleShape] = {}
         self.sends: dict[int, deque[tuple[Handle, torch.Tensor, str]]] = {}
+        self.reduce_after = self._last_gradient_actions() if grad_sync is not None else {}
 
     # ------------------------------------------------------------------ setup
     def _stage_computes(self, modules: Sequence[torch.nn.Module], loss_fn: LossFn | None,
@@ -228,6 +250,12 @@ class StageExecutor:
                             precision=self.precision, scaler=self.scaler)
             for j, m in zip(self.mine, modules, strict=True)
         }  # fmt: skip
+
+    def _last_gradient_actions(self) -> dict[int, int]:
+        """Position in this rank's list -> the stage whose gradients are complete once it has run: the
+        stage's last ``B`` or ``W`` (a split backward ends with its ``W``)."""
+        last = {a.stage: pos for pos, a in enumerate(self.actions) if a.kind in ("B", "W")}
+        return {pos: j for j, pos in last.items()}
 
     def _make_channels(self) -> None:
         st, S = self.plan.stages, self.plan.num_stages
@@ -407,17 +435,19 @@ class StageExecutor:
         return self.plan.num_stages - 1 in self.stages
 
     def _check_batch(self, t: torch.Tensor | None, what: str) -> torch.Tensor:
-        B = self.plan.global_batch
+        B, D = self.plan.replica_batch, self.plan.data_parallel
         if t is None:
             raise RuntimeExecutionError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.plan.num_stages - 1} "
                                         f"and needs the batch's {what}; pass {what}=...")  # fmt: skip
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != B:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise RuntimeExecutionError(f"{what} must hold the plan's global_batch = {B} samples on dim 0, got {got}")
+            whose = "the plan's global_batch" if D == 1 else "this replica's global_batch / data_parallel"
+            raise RuntimeExecutionError(f"{what} must hold {whose} = {B} samples on dim 0, got {got}")
         return t.to(self.device, non_blocking=True)
 
     def run_iteration(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> IterationStats:
-        """Run one global batch: ``inputs`` where the rank holds stage 0, ``targets`` where it holds the last."""
+        """Run one global batch: ``inputs`` where the rank holds stage 0, ``targets`` where it holds the last
+        (with replicas: this replica's ``plan.replica_batch`` samples of it)."""
         x_all = self._check_batch(inputs, "inputs") if self.needs_inputs else None
         y_all = self._check_batch(targets, "targets") if self.needs_targets else None
         if self.optimizer is not None:
@@ -439,15 +469,25 @@ class StageExecutor:
         if self.comm is not None:
             self.comm.barrier()
         self.clock.reset()
-        stamps = [self._run_action(pos, a, x_all) for pos, a in enumerate(self.actions)]
+        stamps = []
+        for pos, a in enumerate(self.actions):
+            stamps.append(self._run_action(pos, a, x_all))
+            if pos in self.reduce_after:
+                j = self.reduce_after[pos]
+                assert self.grad_sync is not None
+                self.grad_sync.start(j, self.stages[j].params)
         for pending in self.sends.values():
             while pending:
                 handle, _, what = pending.popleft()
                 self._wait(handle, what)
+        reduced = None
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
+            reduced = self.clock.stamp()
         step = self.scaler is None or self.scaler.unscale_and_update(self._params(), self.device)
         if self.optimizer is not None and step:
             self.optimizer.step()
-        return self._stats(stamps)
+        return self._stats(stamps, reduced)
 
     def _params(self) -> list[torch.Tensor]:
         return [p for s in self.stages.values() for p in s.module.parameters()]
@@ -482,7 +522,7 @@ class StageExecutor:
             stage.weight(a.mb)
         return start, self.clock.stamp()
 
-    def _stats(self, stamps: list[tuple[int, int]]) -> IterationStats:
+    def _stats(self, stamps: list[tuple[int, int]], reduced: int | None) -> IterationStats:
         times = self.clock.elapsed_ms()
         records = tuple(
             ActionRecord(rank=self.rank, stage=a.stage, kind=a.kind, mb=a.mb,
@@ -496,4 +536,6 @@ class StageExecutor:
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         return IterationStats(rank=self.rank, stages=self.mine, loss=loss, actions=records,
                               pipeline_ms=max((r.end_ms for r in records), default=0.0), step_ms=self.clock.wall_ms(),
-                              layers=tuple(sorted(layers, key=lambda r: r.start_ms)), peak_memory_bytes=peak)  # fmt: skip
+                              layers=tuple(sorted(layers, key=lambda r: r.start_ms)), peak_memory_bytes=peak,
+                              replica=self.grad_sync.placement.replica if self.grad_sync is not None else 0,
+                              allreduce_end_ms=times[reduced] if reduced is not None else None)  # fmt: skip

@@ -28,6 +28,7 @@ from umsearch.core.loader import LoadedPlan
 from umsearch.core.plan import Plan
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.factory import ModelFactory
+from umsearch.runtime.placement import world_size
 from umsearch.runtime.run import StepResult, merge_step
 
 FIDELITY_SCHEMA = "umsearch.fidelity/2"
@@ -214,21 +215,21 @@ def fidelity_row(c: Contender, steps: Sequence[StepResult]) -> PlanFidelity:
 
 
 def measure_rounds(contenders: Sequence[Contender], cfg: RunConfig, *, rounds: int = 30) -> list[list[StepResult]]:
-    """Run every contender ``rounds`` times, side by side, one launch per rank count; per contender,
+    """Run every contender ``rounds`` times, side by side, one launch per process count; per contender,
     the measured iteration of every round (all ranks' action records merged)."""
     from umsearch.runtime.launch import launch
 
     if rounds < 1:
         raise PlanError(f"--rounds {rounds}: give at least one measured round")
-    by_ranks: dict[int, list[int]] = {}
+    by_world: dict[int, list[int]] = {}
     for i, c in enumerate(contenders):
-        by_ranks.setdefault(c.plan.ranks, []).append(i)
+        by_world.setdefault(world_size(c.plan), []).append(i)
     steps: dict[int, list[StepResult]] = {}
-    for ranks, members in by_ranks.items():
+    for world, members in by_world.items():
         jobs = [(contenders[i].plan.to_json(), contenders[i].factory) for i in members]
-        per_rank = launch(rounds_worker, ranks, (jobs, cfg, rounds), cfg.launch)
+        per_rank = launch(rounds_worker, world, (jobs, cfg, rounds), cfg.launch)
         for pos, i in enumerate(members):
-            steps[i] = [merge_step([per_rank[rk][r][pos] for rk in range(ranks)]) for r in range(rounds)]
+            steps[i] = [merge_step([per_rank[rk][r][pos] for rk in range(world)]) for r in range(rounds)]
     return [steps[i] for i in range(len(contenders))]
 
 

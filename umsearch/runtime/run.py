@@ -1,4 +1,5 @@
-"""Run a plan for real on local torchrun processes (one per rank) and gather what every rank measured."""
+"""Run a plan for real on local torchrun processes (one per rank of every replica) and gather what every
+rank measured."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from umsearch.core.outputs import check_output_file
 from umsearch.core.plan import Plan
 from umsearch.runtime.config import ModelChoice, RunConfig, to_argv
 from umsearch.runtime.launch import launch, launch_entry
+from umsearch.runtime.placement import world_size
 
 if TYPE_CHECKING:
     import torch
@@ -32,13 +34,14 @@ class StepResult:
     """One iteration, all ranks together."""
 
     iteration_ms: float
-    """Latest action end of any rank after the common start: what the simulator predicts."""
+    """Latest action end of any rank of any replica, or end of a gradient all-reduce, after the common
+    start: what the simulator predicts."""
     step_ms: float
     """Slowest rank's wall time including its optimizer step."""
     loss: float | None
-    """Full-batch mean loss (from the rank holding the last stage)."""
+    """Full-batch mean loss (from the rank holding the last stage; with replicas, the sum of their shares)."""
     records: tuple[ActionRecord, ...]
-    """Every action of every rank, by start time."""
+    """Every action of every rank, by start time (with replicas: replica 0's, one record per action)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,26 +92,32 @@ def quartiles(values: Sequence[float]) -> tuple[float, float]:
 
 
 def merge_step(per_rank: Sequence[Any]) -> StepResult:
-    """One iteration from every rank's stats of it (rank order)."""
-    records = sorted((a for st in per_rank for a in st.actions), key=lambda a: (a.start_ms, a.rank))
+    """One iteration from every process's stats of it (world rank order)."""
+    ends = [a.end_ms for st in per_rank for a in st.actions]
+    ends += [st.allreduce_end_ms for st in per_rank if getattr(st, "allreduce_end_ms", None) is not None]
+    first = [st for st in per_rank if getattr(st, "replica", 0) == 0]
+    records = sorted((a for st in first for a in st.actions), key=lambda a: (a.start_ms, a.rank))
+    # Each replica's last stage reports its share of the full-batch loss (the whole of it without replicas).
     losses = [st.loss for st in per_rank if st.loss is not None]
-    return StepResult(iteration_ms=max((a.end_ms for a in records), default=0.0),
-                      step_ms=max(st.step_ms for st in per_rank), loss=losses[0] if losses else None,
-                      records=tuple(records))  # fmt: skip
+    return StepResult(iteration_ms=max(ends, default=0.0), step_ms=max(st.step_ms for st in per_rank),
+                      loss=sum(losses) if losses else None, records=tuple(records))  # fmt: skip
 
 
 def merge(reports: Sequence[StageReport]) -> RunResult:
-    """Combine the per-rank reports (rank order) into one result per iteration."""
+    """Combine the per-process reports (world rank order) into one result per iteration; the gradients
+    are replica 0's (after the all-reduce every replica holds the same)."""
     steps = [merge_step([r.stats[i] for r in reports]) for i in range(len(reports[0].stats))]
     grads = None
-    if all(r.grads is not None for r in reports):
-        grads = {k: v for r in reports for k, v in (r.grads or {}).items()}
+    first = [r for r in reports if r.replica == 0]
+    if all(r.grads is not None for r in first):
+        grads = {k: v for r in first for k, v in (r.grads or {}).items()}
     return RunResult(steps=tuple(steps), grads=grads, cpus=tuple(r.cpus for r in reports))
 
 
 def run_plan(plan: Plan, factory: ModelFactory, cfg: RunConfig | None = None, cost: CostModel | None = None,
              *, preflighted: bool = False) -> RunResult:  # fmt: skip
-    """Check ``plan`` (deadlock, profile, the model's layers) and run it on one torchrun rank per plan rank.
+    """Check ``plan`` (deadlock, profile, the model's layers) and run it on one torchrun process per rank
+    and replica.
 
     ``factory`` must be picklable (a module-level function or a partial of
     one): every rank calls it to rebuild the same model. ``preflighted``: the
@@ -121,18 +130,19 @@ def run_plan(plan: Plan, factory: ModelFactory, cfg: RunConfig | None = None, co
     cfg = cfg or RunConfig()
     if cfg.check and not preflighted:
         preflight(plan, factory, cost)
-    return merge(launch(stage_worker, plan.ranks, (plan.to_json(), factory, cfg), cfg.launch))
+    return merge(launch(stage_worker, world_size(plan), (plan.to_json(), factory, cfg), cfg.launch))
 
 
-def run_plan_file(plan_path: str | os.PathLike[str], ranks: int, cfg: RunConfig,
+def run_plan_file(plan_path: str | os.PathLike[str], processes: int, cfg: RunConfig,
                   choice: ModelChoice | None = None) -> RunResult:  # fmt: skip
-    """Run a plan file the way a cluster does: torchrun with the entry point's command line.
+    """Run a plan file the way a cluster does: torchrun with the entry point's command line, on
+    ``processes`` local processes (the plan's ranks times its replicas).
 
     The ranks load the plan, resolve its model under the same trust rule and
     check it themselves; the caller checks before, to refuse a bad plan
     without starting anything.
     """
-    return merge(launch_entry(ranks, [str(plan_path), *to_argv(cfg, choice)], cfg.launch))
+    return merge(launch_entry(processes, [str(plan_path), *to_argv(cfg, choice)], cfg.launch))
 
 
 def check_writable(path: str, flag: str, inputs: Sequence[str] = ()) -> None:

@@ -6,7 +6,7 @@ Each rank loads the plan with its profile and model exactly as ``umsearch run``
 does (:func:`umsearch.runtime.factory.resolve_plan`: a model that the plan or
 profile file names runs only if it is a zoo model, named again with
 ``--model``, or allowed with ``--trust-model-code``), checks that torchrun
-started one process per rank of the plan, sets its torch threads (on CPU also
+started one process per rank of every replica (``R x D``), sets its torch threads (on CPU also
 pins itself to its own cores when there are enough), initialises the default
 process group (``env://``) with the link timeout, and runs its rank
 (:func:`umsearch.runtime.worker.stage_worker`: build the model, check the plan
@@ -205,17 +205,14 @@ def _enter_launch(ns: argparse.Namespace, me: _Rank) -> None:
 def _plan_job(ns: argparse.Namespace, me: _Rank) -> tuple[Callable[..., Any], tuple[Any, ...], LaunchConfig]:
     """Target and arguments of a plan run; refuses before any peer is contacted."""
     from umsearch.runtime.factory import require_trusted, resolve_plan, spec_factory
+    from umsearch.runtime.placement import check_runnable, check_world
 
     run, choice = configs_from_values(vars(ns))
     loaded = resolve_plan(ns.plan, choice)
     spec = require_trusted(loaded)
     plan = loaded.plan
-    world = _env_int("WORLD_SIZE", 1)
-    if world != plan.ranks:
-        raise RuntimeExecutionError(
-            f"the plan has {plan.ranks} rank(s) but torchrun started {world} process(es); start exactly one per "
-            f"rank (--nnodes x --nproc-per-node = {plan.ranks})"
-        )
+    check_runnable(plan)
+    check_world(plan, _env_int("WORLD_SIZE", 1))
     factory = spec_factory(spec, run.seed)
     from umsearch.runtime.worker import stage_worker
 

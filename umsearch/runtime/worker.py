@@ -1,5 +1,9 @@
 """The body of one rank's process: build the model, check the plan, keep the rank's stages, run.
 
+A data-parallel plan runs on ``R x D`` processes: each finds its replica and pipeline rank from its
+world rank (:mod:`umsearch.runtime.placement`), trains on its replica's samples of every batch and
+all-reduces its stages' gradients with their copies.
+
 The torchrun entry point that calls it lives in :mod:`umsearch.runtime.torchrun`;
 :func:`umsearch.runtime.fidelity.rounds_worker` runs several plans in one
 process through :class:`RankSession`.
@@ -14,14 +18,15 @@ from typing import Any
 
 import torch
 
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan, plan_from_json
 from umsearch.nn.precision import Precision, apply_switches, check_autocast
 from umsearch.runtime.comm import Link, RankComm, plan_links
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import IterationStats, StageExecutor
 from umsearch.runtime.factory import ModelFactory, ModelLike, stage_module
+from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import local_rank_device
+from umsearch.runtime.placement import Placement, check_runnable, check_world, replica_worlds
 from umsearch.runtime.preflight import rank_preflight
 
 
@@ -30,34 +35,36 @@ class StageReport:
     """What one rank's process hands back to the launcher."""
 
     rank: int
-    """The rank."""
+    """The (pipeline) rank."""
     stats: tuple[IterationStats, ...]
     """One entry per iteration."""
     grads: dict[str, torch.Tensor] | None
     """Parameter name (global layer index first) -> gradient after the last iteration."""
     cpus: tuple[int, ...] | None = None
     """The CPU cores the process was allowed to run on (None where the OS does not say)."""
+    replica: int = 0
+    """The data-parallel replica the rank belongs to."""
 
 
-def _check_world(plan: Plan, world_size: int) -> None:
-    if world_size != plan.ranks:
-        raise RuntimeExecutionError(
-            f"the plan has {plan.ranks} ranks but {world_size} processes were started; start exactly one "
-            f"process per rank (--nproc-per-node x --nnodes = {plan.ranks})"
-        )
+GroupCache = dict[tuple[Any, ...], Any]
+"""Process groups made by earlier sessions of one process, by the links or the replicas they serve."""
 
 
 class RankSession:
-    """One rank's model, stage modules and executor for one plan.
+    """One process's model, stage modules and executor for one plan: pipeline rank ``rank`` of a
+    replica, where ``world_rank`` is the process's rank in the default group.
 
-    ``comms`` caches the rank's links across sessions of one process: process
-    groups are collective to create, so plans with the same links share them.
+    ``comms`` caches the process's links and gradient groups across sessions of one process: process
+    groups are collective to create, so plans with the same links (and replicas) share them.
     """
 
-    def __init__(self, rank: int, world_size: int, plan_json: dict[str, Any], factory: ModelFactory,
-                 cfg: RunConfig, comms: dict[tuple[Link, ...], RankComm] | None = None) -> None:  # fmt: skip
+    def __init__(self, world_rank: int, world_size: int, plan_json: dict[str, Any], factory: ModelFactory,
+                 cfg: RunConfig, comms: GroupCache | None = None) -> None:  # fmt: skip
         plan = plan_from_json(plan_json)
-        _check_world(plan, world_size)
+        check_runnable(plan)
+        check_world(plan, world_size)
+        self.placement = Placement.of(plan, world_rank)
+        rank = self.placement.rank
         self.plan, self.rank, self.cfg = plan, rank, cfg
         device = local_rank_device(cfg.launch.backend)
         precision = Precision(cfg.precision or "fp32")
@@ -70,23 +77,41 @@ class RankSession:
                         for j in plan.stages_of(rank)]  # fmt: skip
         params = [p for m in self.modules for p in m.parameters()]
         optimizer = torch.optim.SGD(params, lr=cfg.lr) if params else None
-        comm = None
-        if plan.ranks > 1:
-            links = plan_links(plan)
-            cache = comms if comms is not None else {}
-            if links not in cache:
-                cache[links] = RankComm.create(links, device, timeout=timedelta(seconds=cfg.launch.timeout_s))
-            comm = cache[links]
+        comm, grad_sync = self._groups(plan, world_rank, device, comms if comms is not None else {})
         self.executor = StageExecutor(plan, rank, self.modules, self.model.loss, comm, optimizer=optimizer,
-                                      device=device, precision=precision)  # fmt: skip
+                                      device=device, precision=precision, grad_sync=grad_sync)  # fmt: skip
+
+    def _groups(self, plan: Plan, world_rank: int, device: torch.device,
+                cache: GroupCache) -> tuple[RankComm | None, GradSync | None]:  # fmt: skip
+        """The pipeline links and the gradient all-reduce groups (made in the same order on every process)."""
+        timeout = timedelta(seconds=self.cfg.launch.timeout_s)
+        worlds = replica_worlds(plan)
+        comm = grad_sync = None
+        if plan.ranks > 1:
+            links: tuple[Link, ...] = plan_links(plan)
+            links_key: tuple[Any, ...] = ("links", links, worlds)
+            if links_key not in cache:
+                cache[links_key] = RankComm.create(links, device, timeout=timeout, replicas=worlds)
+            comm = cache[links_key]
+        if plan.data_parallel > 1:
+            copies_key: tuple[Any, ...] = ("copies", worlds)
+            if copies_key not in cache:
+                cache[copies_key] = GradSync.create(plan, world_rank, timeout=timeout)
+            grad_sync = cache[copies_key]
+        return comm, grad_sync
 
     def step(self, step: int) -> IterationStats:
-        """Run iteration ``step`` on its batch (fixed by ``cfg.batch_seed(step)``)."""
+        """Run iteration ``step`` on its batch (fixed by ``cfg.batch_seed(step)``; with replicas, on this
+        replica's consecutive samples of it)."""
         ex = self.executor
         inputs = targets = None
         if ex.needs_inputs or ex.needs_targets:
             gen = torch.Generator().manual_seed(self.cfg.batch_seed(step))
             inputs, targets = self.model.make_batch(self.plan.global_batch, gen)
+            if self.plan.data_parallel > 1:
+                # Every replica draws the whole batch, so the samples do not depend on D: the same run as one process.
+                first, count = self.placement.samples(self.plan)
+                inputs, targets = inputs.narrow(0, first, count), targets.narrow(0, first, count)
         return ex.run_iteration(inputs if ex.needs_inputs else None, targets if ex.needs_targets else None)
 
     def grads(self) -> dict[str, torch.Tensor]:
@@ -97,7 +122,8 @@ class RankSession:
 
 def stage_worker(rank: int, world_size: int, plan_json: dict[str, Any], factory: ModelFactory,
                  cfg: RunConfig) -> StageReport:  # fmt: skip
-    """Run ``cfg.steps`` iterations of rank ``rank``; the default process group is initialised.
+    """Run ``cfg.steps`` iterations of the process ``rank`` (its world rank); the default process group
+    is initialised.
 
     With ``cfg.check`` the plan is checked against the built model (and for
     deadlock) before any message is exchanged.
@@ -106,4 +132,4 @@ def stage_worker(rank: int, world_size: int, plan_json: dict[str, Any], factory:
     stats = tuple(session.step(step) for step in range(cfg.steps))
     grads = session.grads() if cfg.collect_grads else None
     cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
-    return StageReport(rank=rank, stats=stats, grads=grads, cpus=cpus)
+    return StageReport(rank=session.rank, stats=stats, grads=grads, cpus=cpus, replica=session.placement.replica)
