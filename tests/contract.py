@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from umsearch.core.actions import parse_actions
+from umsearch.core.cluster import Cluster
 from umsearch.core.plan import Plan, Stage
 from umsearch.core.profile import LayerProfile, Link, Profile, RuntimeCosts
 
@@ -78,3 +79,27 @@ def example1(schedule: str) -> Plan:
 
 EXAMPLE2 = warmup_plan(8, [([1, 3, 4], [2, 6], 1, True), ([4, 4], [8], 2, True)])
 """Section 8.2: two recomputing stages whose partitions deadlock."""
+
+
+def example8_profile() -> Profile:
+    """Section 8.8's profile: section 8's four layers with 1000 output bytes and 1,000,000 parameter
+    bytes each (the profile's own link is replaced by the cluster's)."""
+    import dataclasses
+
+    base = unit_profile(4)
+    layers = tuple(dataclasses.replace(x, out_bytes=1000.0, param_bytes=1_000_000.0) for x in base.layers)
+    return dataclasses.replace(base, layers=layers)
+
+
+EXAMPLE8_CLUSTER = Cluster(gpus_per_node=2, intra=Link(latency_ms=0.5, bandwidth_gb_per_s=1.0),
+                           inter=Link(latency_ms=1.0, bandwidth_gb_per_s=0.1))  # fmt: skip
+"""Section 8.8's cluster: nodes of two devices, intra 0.5 ms and 1 GB/s, inter 1 ms and 0.1 GB/s."""
+
+
+def example8(layout: str = "dp_inner", zero1: bool = False) -> Plan:
+    """Section 8.8: B = 8 on D = 2 replicas of two ranks, one stage of two layers each, lists [2, 2]."""
+    import dataclasses
+
+    plan = explicit_plan(4, [0, 1], [[2, 2], [2, 2]], ["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], layers_per_stage=2)
+    return dataclasses.replace(plan, global_batch=8, data_parallel=2, cluster=EXAMPLE8_CLUSTER, layout=layout,
+                               zero1=zero1)  # fmt: skip

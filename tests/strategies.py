@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from umsearch.core.actions import Action
+from umsearch.core.cluster import LAYOUTS, Cluster
 from umsearch.core.plan import Plan, Stage
 from umsearch.core.profile import LayerProfile, Link, Profile, RuntimeCosts
 from umsearch.core.samples import spans
@@ -169,3 +170,28 @@ def plans(draw: st.DrawFn, num_layers: int, max_batch: int = 12, max_ranks: int 
     rng = random.Random(draw(st.integers(0, 2**32)))
     orders = random_orders(stages, R, cut, rng, causal=draw(st.booleans()))
     return Plan(global_batch=B, ranks=R, stages=tuple(stages), actions=orders)
+
+
+@st.composite
+def links(draw: st.DrawFn) -> Link:
+    """A random link: latency up to a millisecond, 0.05 to 500 GB/s."""
+    return Link(latency_ms=draw(st.floats(0, 1.0)), bandwidth_gb_per_s=draw(st.floats(0.05, 500)))
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> Cluster:
+    """Random two-tier clusters, from one device per node (every link inter) to nodes wider than a plan."""
+    return Cluster(gpus_per_node=draw(st.integers(1, 6)), intra=draw(links()), inter=draw(links()))
+
+
+@st.composite
+def dp_plans(draw: st.DrawFn, num_layers: int, max_replicas: int = 4, max_batch: int = 8, max_ranks: int = 4) -> Plan:
+    """Random plans of MODEL.md section 9: :func:`plans` run by 1 to ``max_replicas`` replicas, with
+    or without a cluster, either layout, with or without zero1 (deadlocking ones included)."""
+    import dataclasses
+
+    base = draw(plans(num_layers, max_batch=max_batch, max_ranks=max_ranks))
+    D = draw(st.integers(1, max_replicas))
+    return dataclasses.replace(base, global_batch=base.global_batch * D, data_parallel=D,
+                               cluster=draw(st.none() | clusters()), layout=draw(st.sampled_from(LAYOUTS)),
+                               zero1=draw(st.booleans()))  # fmt: skip

@@ -8,11 +8,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import plans, profiles
+from tests.strategies import dp_plans, plans, profiles
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
-from umsearch.sim.batch import decode, encode, evaluate, pack
+from umsearch.sim.batch import BatchResult, decode, encode, evaluate, pack
 from umsearch.sim.reference import simulate
+from umsearch.sim.result import SimResult
 
 
 def _agree(population: list[Plan], cost: CostModel) -> None:
@@ -29,6 +30,21 @@ def _agree(population: list[Plan], cost: CostModel) -> None:
         np.testing.assert_allclose(fast.ranks_of(c, fast.busy_ms), ref.busy_ms, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(fast.ranks_of(c, fast.rank_end_ms), ref.rank_end_ms, rtol=1e-9, atol=1e-12)
         assert math.isclose(fast.max_memory_bytes[c], max(ref.peak_memory_bytes), rel_tol=1e-9)
+        assert ref.compute_end_ms is not None
+        assert math.isclose(fast.compute_end_ms[c], ref.compute_end_ms, rel_tol=1e-9, abs_tol=1e-12)
+        _agree_allreduces(fast, c, ref)
+
+
+def _agree_allreduces(fast: BatchResult, c: int, ref: SimResult) -> None:
+    """Section 9's all-reduces: the same per stage (ready, start, end) and the same latest end."""
+    if not ref.allreduces:
+        assert ref.allreduce_end_ms is None and fast.allreduce_end_ms[c] == 0.0
+        return
+    assert ref.allreduce_end_ms is not None
+    assert math.isclose(fast.allreduce_end_ms[c], ref.allreduce_end_ms, rel_tol=1e-9, abs_tol=1e-12)
+    rows = fast.stages_of(c, fast.allreduce_span_ms)
+    want = [(s.ready_ms, s.start_ms, s.end_ms) for s in ref.allreduces]
+    np.testing.assert_allclose(rows, want, rtol=1e-9, atol=1e-12)
 
 
 @settings(max_examples=300, deadline=None)
@@ -40,11 +56,23 @@ def test_matches_reference(data: st.DataObject) -> None:
     _agree(population, CostModel(profile, state_factor=data.draw(st.floats(1, 8))))
 
 
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_matches_reference_with_replicas(data: st.DataObject) -> None:
+    """MODEL.md section 9: replicas, clusters of any node width, both layouts, zero1, and plans
+    without replicas in the same population."""
+    profile = data.draw(profiles(split=True))
+    population = data.draw(st.lists(dp_plans(profile.num_layers), min_size=1, max_size=4))
+    _agree(population, CostModel(profile, state_factor=data.draw(st.floats(1, 8))))
+
+
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_array_round_trip(data: st.DataObject) -> None:
     plan = data.draw(plans(data.draw(st.integers(1, 8))))
     assert decode(encode(plan)) == plan
+    replicated = data.draw(dp_plans(data.draw(st.integers(1, 8))))
+    assert decode(encode(replicated)) == replicated
 
 
 @settings(max_examples=100, deadline=None)

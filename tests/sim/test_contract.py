@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 
@@ -13,6 +14,8 @@ from tests.contract import (
     EXAMPLE5,
     EXAMPLE5_DEADLOCK,
     example1,
+    example8,
+    example8_profile,
     unit_profile,
     warmup_plan,
 )
@@ -21,17 +24,25 @@ from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile, RuntimeCosts
 from umsearch.sim.batch import encode, evaluate, pack
 from umsearch.sim.reference import simulate
-from umsearch.sim.result import SimResult
+from umsearch.sim.result import AllReduceSpan, SimResult
 
 
 def _batch(plan: Plan, cost: CostModel) -> SimResult:
-    """The evaluator's answer in the reference's shape."""
+    """The evaluator's answer in the reference's shape (no records: it keeps none)."""
     res = evaluate(pack([encode(plan)]), cost.tables(plan.global_batch))
     dead = bool(res.deadlock[0])
     per = lambda v: tuple(float(x) for x in res.ranks_of(0, v))  # noqa: E731
+    spans_ms = res.stages_of(0, res.allreduce_span_ms)
+    spans = () if dead or plan.data_parallel == 1 else tuple(
+        AllReduceSpan(stage=j, rank=st.rank, ready_ms=float(spans_ms[j, 0]),
+                      start_ms=float(spans_ms[j, 1]), end_ms=float(spans_ms[j, 2]))
+        for j, st in enumerate(plan.stages))  # fmt: skip
     return SimResult(deadlock=dead, iteration_ms=None if dead else float(res.iteration_ms[0]),
                      busy_ms=None if dead else per(res.busy_ms), peak_memory_bytes=None if dead else per(res.peak_memory_bytes),
-                     rank_end_ms=per(res.rank_end_ms), records=())  # fmt: skip
+                     rank_end_ms=per(res.rank_end_ms), records=(),
+                     compute_end_ms=None if dead else float(res.compute_end_ms[0]),
+                     allreduce_end_ms=None if dead or not spans else float(res.allreduce_end_ms[0]),
+                     allreduces=spans)  # fmt: skip
 
 
 SIMULATORS: dict[str, Callable[[Plan, CostModel], SimResult]] = {"reference": simulate, "batch": _batch}
@@ -111,7 +122,7 @@ def _example7(**runtime: object) -> Profile:
     base = unit_profile(4)
     layers = base.layers
     if "out_bytes_1" in runtime:
-        layers = (layers[0], dataclasses.replace(layers[1], out_bytes=float(runtime.pop("out_bytes_1"))), *layers[2:])
+        layers = (layers[0], dataclasses.replace(layers[1], out_bytes=float(cast(float, runtime.pop("out_bytes_1")))), *layers[2:])
     link = dataclasses.replace(base.link, bandwidth_gb_per_s=1e18)  # transfers stay 0 ms
     return dataclasses.replace(base, layers=layers, link=link, runtime=RuntimeCosts(**runtime))  # type: ignore[arg-type]
 
@@ -136,3 +147,55 @@ def test_example7_v21_terms(sim: str, runtime: dict[str, object], expected: floa
 def test_example7_per_mib_busy(sim: str) -> None:
     res = _run(sim, EXAMPLE7, _example7(stage_scale=_SCALE, out_bytes_1=1048576, message_overhead_ms_per_mib=0.1))
     assert res.busy_ms == pytest.approx((15.4, 15.4), abs=1e-9)
+
+
+def _spans(res: SimResult) -> list[tuple[int, float, float]]:
+    return [(s.stage, s.start_ms, s.end_ms) for s in res.allreduces]
+
+
+def test_example8_dp_inner(sim: str) -> None:
+    """Pipeline messages cross nodes (1.02 ms); each stage's copies share a node (3 ms all-reduces)."""
+    res = _run(sim, example8("dp_inner"), example8_profile())
+    assert res.iteration_ms == pytest.approx(23.04, abs=1e-9)
+    assert res.compute_end_ms == pytest.approx(20.04, abs=1e-9)
+    assert res.allreduce_end_ms == pytest.approx(23.04, abs=1e-9)
+    assert _spans(res) == [(0, pytest.approx(20.04, abs=1e-9), pytest.approx(23.04, abs=1e-9)),
+                           (1, pytest.approx(15.02, abs=1e-9), pytest.approx(18.02, abs=1e-9))]  # fmt: skip
+    assert res.peak_memory_bytes == (8_000_080.0, 8_000_040.0)
+
+
+def test_example8_zero1_memory(sim: str) -> None:
+    """zero1 shards the optimizer states over the two replicas: (2 + (4 - 2) / 2) * P; time unchanged."""
+    res = _run(sim, example8("dp_inner", zero1=True), example8_profile())
+    assert res.peak_memory_bytes == (6_000_080.0, 6_000_040.0)
+    assert res.iteration_ms == pytest.approx(23.04, abs=1e-9)
+
+
+def test_example8_pp_inner(sim: str) -> None:
+    """Pipeline messages stay on a node (0.502 ms); the all-reduces cross nodes (22 ms each)."""
+    res = _run(sim, example8("pp_inner"), example8_profile())
+    assert res.iteration_ms == pytest.approx(41.004, abs=1e-9)
+    assert res.compute_end_ms == pytest.approx(19.004, abs=1e-9)
+    assert _spans(res) == [(0, pytest.approx(19.004, abs=1e-9), pytest.approx(41.004, abs=1e-9)),
+                           (1, pytest.approx(14.502, abs=1e-9), pytest.approx(36.502, abs=1e-9))]  # fmt: skip
+    assert res.peak_memory_bytes == (8_000_080.0, 8_000_040.0)
+
+
+def test_example8_messages() -> None:
+    """The messages example 8 names: 1.02 ms across nodes (dp_inner), 0.502 ms within one (pp_inner)."""
+    for layout, took in (("dp_inner", 1.02), ("pp_inner", 0.502)):
+        res = simulate(example8(layout), CostModel(example8_profile()))
+        f0 = next(a for a in res.records if (a.stage, a.kind, a.mb) == (0, "F", 0))
+        f1 = next(a for a in res.records if (a.stage, a.kind, a.mb) == (1, "F", 0))
+        assert f1.start_ms - f0.end_ms == pytest.approx(took, abs=1e-9)
+
+
+def test_example8_one_replica_keeps_the_cluster(sim: str) -> None:
+    """A cluster applies with D = 1 too (device r is rank r, both on node 0 here): no all-reduce."""
+    import dataclasses
+
+    plan = dataclasses.replace(example8("dp_inner"), global_batch=4, data_parallel=1)
+    res = _run(sim, plan, example8_profile())
+    assert res.allreduces == () and res.allreduce_end_ms is None
+    # Intra-node messages of 0.502 ms, as one replica of pp_inner: the compute end of that layout.
+    assert res.iteration_ms == pytest.approx(19.004, abs=1e-9)

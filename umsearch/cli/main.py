@@ -99,6 +99,8 @@ def simulate_command(plan_path: str, profile_path: str | None, state_factor: flo
     if as_json:
         click.echo(json.dumps({
             "iteration_ms": res.iteration_ms,
+            # MODEL.md 9: the last action of any replica, and the last all-reduce (null with one replica).
+            "compute_end_ms": res.compute_end_ms, "allreduce_end_ms": res.allreduce_end_ms,
             "peak_memory_bytes": None if res.peak_memory_bytes is None else list(res.peak_memory_bytes),
             "busy_ms": None if res.busy_ms is None else list(res.busy_ms),
             "stage_busy_ms": _stage_busy(res, plan.num_stages),
@@ -146,7 +148,10 @@ def show_command(
     if res.deadlock:
         console.print("[bold red]deadlock:[/] " + escape("; ".join(res.blocked)) + " (drawing the actions that ran)")
     title = f"{profile.model}: predicted " + ("DEADLOCK" if res.deadlock else f"{res.iteration_ms:.2f} ms")
-    write_output(gantt, "--gantt", lambda p: write_gantt(res.records, plan.ranks, p, title=title))
+    if plan.data_parallel > 1:
+        title += f", replica {res.replica} of {plan.data_parallel} (the slowest) with its all-reduces"
+    write_output(gantt, "--gantt", lambda p: write_gantt(res.records, plan.ranks, p, title=title,
+                                                         allreduces=res.allreduces))  # fmt: skip
     console.print("Gantt chart: " + escape(gantt), soft_wrap=True)
     if trace is not None:
         write_output(trace, "--trace", lambda p: write_chrome_trace(res.records, p, source="predicted",

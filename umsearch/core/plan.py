@@ -13,6 +13,10 @@ MODEL.md sections 2 and 3. Two types, kept apart on purpose:
 simulated, searched from, written or executed; its errors name the rank, the
 action and the rule. A ``umsearch.plan/1`` file (one stage per rank, orders
 given by a warmup) loads as the plan/2 of MODEL.md section 6.1.
+
+Version 2.2 (MODEL.md section 9) adds optional fields for data-parallel
+replicas on a cluster: ``data_parallel``, ``cluster``, ``layout``, ``zero1``.
+A plan without them means what it meant, and is written without them.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from umsearch.core.actions import Action, parse_action
+from umsearch.core.cluster import DEFAULT_LAYOUT, LAYOUTS, Cluster, cluster_from_json
 from umsearch.core.errors import PlanError
 from umsearch.core.fields import check_keys, integer, mapping, required
-from umsearch.core.jsonio import read_json, write_json
+from umsearch.core.jsonio import check_input_path, read_json, write_json
 from umsearch.core.samples import spans
 
 SCHEMA = "umsearch.plan/2"
@@ -78,6 +83,19 @@ class Plan:
     """Stages in model order; stage ``j`` runs layers after stage ``j-1``'s."""
     actions: tuple[tuple[Action, ...], ...]
     """``actions[r]``: rank r's actions, in the order it runs them."""
+    data_parallel: int = 1
+    """``D``: identical replicas of the pipeline, each training on ``B / D`` samples (MODEL.md 9)."""
+    cluster: Cluster | None = None
+    """Nodes and their two links; None: every message uses the profile's link."""
+    layout: str = DEFAULT_LAYOUT
+    """Which device replica d's rank r is: ``dp_inner`` (``r * D + d``) or ``pp_inner`` (``d * R + r``)."""
+    zero1: bool = False
+    """Whether optimizer states are sharded over the replicas (memory only)."""
+
+    @property
+    def replica_batch(self) -> int:
+        """Samples one replica trains on: what every stage's lists sum to."""
+        return self.global_batch // self.data_parallel
 
     @property
     def num_stages(self) -> int:
@@ -109,10 +127,20 @@ class Plan:
         return all(st.forward == first and st.backward == first for st in self.stages)
 
     def to_json(self) -> dict[str, Any]:
-        """The contract fields of a plan/2 file (no prediction, no provenance)."""
-        return {"schema": SCHEMA, "global_batch": self.global_batch, "ranks": self.ranks,
-                "stages": [s.to_json() for s in self.stages],
-                "actions": [[str(a) for a in acts] for acts in self.actions]}  # fmt: skip
+        """The contract fields of a plan/2 file (no prediction, no provenance); the section 9 fields
+        only where they differ from their defaults, so older plans are written as before."""
+        out = {"schema": SCHEMA, "global_batch": self.global_batch, "ranks": self.ranks,
+               "stages": [s.to_json() for s in self.stages],
+               "actions": [[str(a) for a in acts] for acts in self.actions]}  # fmt: skip
+        if self.data_parallel != 1:
+            out["data_parallel"] = self.data_parallel
+        if self.cluster is not None:
+            out["cluster"] = self.cluster.to_json()
+        if self.layout != DEFAULT_LAYOUT:
+            out["layout"] = self.layout
+        if self.zero1:
+            out["zero1"] = True
+        return out
 
 
 META_KEYS = ("profile", "profile_sha256", "model", "state_factor", "search_space", "seed", "source")
@@ -210,7 +238,9 @@ def _actions(raw: Any, ranks: int) -> tuple[tuple[Action, ...], ...]:
 
 
 def _check_stages(plan: Plan) -> None:
-    B, R = plan.global_batch, plan.ranks
+    B, R = plan.replica_batch, plan.ranks
+    D = plan.data_parallel
+    total = "global_batch" if D == 1 else f"global_batch / data_parallel = {plan.global_batch} / {D}"
     if not plan.stages:
         raise PlanError("plan has no stages; give at least one in 'stages'")
     expect_lo = 0
@@ -229,7 +259,7 @@ def _check_stages(plan: Plan) -> None:
         for name, seq in (("forward", st.forward), ("backward", st.backward)):
             if sum(seq) != B:
                 raise PlanError(
-                    f"plan stages[{j}].{name} sums to {sum(seq)} but global_batch is {B}; "
+                    f"plan stages[{j}].{name} sums to {sum(seq)} but {total} is {B}; "
                     "the microbatches of every stage must cover the batch exactly"
                 )
         if not st.recompute and st.backward != st.forward:
@@ -278,8 +308,23 @@ def _check_rank_actions(plan: Plan, r: int) -> None:
                     raise PlanError(f"rank {r}: {first} comes before {Action(j, 'F', f)}, which holds its samples")
 
 
+def _check_replicas(plan: Plan) -> None:
+    """MODEL.md section 9: D divides B, a known layout, at least one device per node."""
+    D, B = integer(plan.data_parallel, "data_parallel", PlanError, lo=1), plan.global_batch
+    if B % D:
+        raise PlanError(f"plan field data_parallel = {D} does not divide global_batch = {B}; "
+                        "choose a data-parallel degree that divides the batch")  # fmt: skip
+    if plan.layout not in LAYOUTS:
+        raise PlanError(f"plan field layout = {plan.layout!r} is not a layout; use 'dp_inner' or 'pp_inner'")
+    if not isinstance(plan.zero1, bool):
+        raise PlanError(f"plan field zero1 must be true or false, got {plan.zero1!r}")
+    if plan.cluster is not None and plan.cluster.gpus_per_node < 1:
+        raise PlanError(f"plan field cluster.gpus_per_node = {plan.cluster.gpus_per_node} must be at least 1 "
+                        "(devices per node)")  # fmt: skip
+
+
 def validate_plan(plan: Plan, num_layers: int | None = None) -> Plan:
-    """Check MODEL.md sections 2-3; return the plan unchanged or raise :class:`PlanError`.
+    """Check MODEL.md sections 2-3 and 9; return the plan unchanged or raise :class:`PlanError`.
 
     ``num_layers`` (from the profile or the model) is checked when given.
     Whether the profile has the I/W split the plan uses is
@@ -287,6 +332,7 @@ def validate_plan(plan: Plan, num_layers: int | None = None) -> Plan:
     """
     integer(plan.global_batch, "global_batch", PlanError, lo=1)
     integer(plan.ranks, "ranks", PlanError, lo=1)
+    _check_replicas(plan)
     _check_stages(plan)
     if len(plan.actions) != plan.ranks:
         raise PlanError(f"the plan has {len(plan.actions)} action lists for {plan.ranks} ranks; give one per rank")
@@ -326,7 +372,27 @@ def _v1_plan(obj: dict[str, Any]) -> Plan:
     return Plan(global_batch=B, ranks=len(stages), stages=tuple(stages), actions=tuple(orders))
 
 
-_PLAN_KEYS = frozenset({"schema", "global_batch", "ranks", "stages", "actions", "predicted", *META_KEYS})
+_PLAN_KEYS = frozenset({"schema", "global_batch", "ranks", "stages", "actions", "predicted", *META_KEYS,
+                        "data_parallel", "cluster", "layout", "zero1"})  # fmt: skip
+
+
+def _replica_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """The optional section 9 fields of a plan/2 object, as :class:`Plan` keyword arguments."""
+    out: dict[str, Any] = {}
+    if "data_parallel" in obj:
+        out["data_parallel"] = integer(obj["data_parallel"], "data_parallel", PlanError, lo=1)
+    if "cluster" in obj:
+        out["cluster"] = cluster_from_json(obj["cluster"])
+    if "layout" in obj:
+        layout = obj["layout"]
+        if layout not in LAYOUTS:
+            raise PlanError(f"plan field layout = {layout!r} is not a layout; use 'dp_inner' or 'pp_inner'")
+        out["layout"] = layout
+    if "zero1" in obj:
+        if not isinstance(obj["zero1"], bool):
+            raise PlanError(f"plan field zero1 must be true or false, got {obj['zero1']!r}")
+        out["zero1"] = obj["zero1"]
+    return out
 
 
 def document_from_json(obj: Any, num_layers: int | None = None) -> PlanDocument:
@@ -347,6 +413,7 @@ def document_from_json(obj: Any, num_layers: int | None = None) -> PlanDocument:
             ranks=ranks,
             stages=tuple(_stage(raw, j) for j, raw in enumerate(raw_stages)),
             actions=_actions(required(obj, "actions", "", PlanError, _SEE), ranks),
+            **_replica_fields(obj),
         )
     else:
         raise PlanError(f"unknown plan schema {schema!r}; this umsearch reads {SCHEMA!r} and {SCHEMA_V1!r}")
@@ -394,7 +461,11 @@ def resolve_profile_path(doc: PlanDocument, plan_path: str | os.PathLike[str]) -
     """The document's profile path, relative paths taken from the plan file's directory first."""
     if doc.profile is None:
         return None
-    p = Path(doc.profile)
+    # Checked before the file system is asked: a NUL byte or a 100,000-character name raises there.
+    try:
+        p = check_input_path(doc.profile, "profile", PlanError)
+    except PlanError as exc:
+        raise PlanError(f"{plan_path}: {exc}") from None
     if p.is_absolute():
         return p
     here = Path(plan_path).parent / p

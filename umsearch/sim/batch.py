@@ -17,18 +17,26 @@ no Python object per action, so packing a population is a handful of
 concatenations. :func:`encode` turns a :class:`~umsearch.core.plan.Plan`
 into one and :func:`decode` turns one back. An action is one int64 code
 (:func:`umsearch.core.actions.action_code`).
+
+Data-parallel replicas on a cluster (MODEL.md section 9) stay outside the
+per-action loop: replicas whose ranks share nodes alike time identically, so
+the loop runs once per distinct pattern (a **run**), each with its own
+per-rank-pair link table, and a small pass after it chains every rank's
+all-reduces from the stages' last backward ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, njit, prange
 
 from umsearch.core.actions import MAX_STAGES, Action
+from umsearch.core.cluster import DEFAULT_LAYOUT, Cluster, copies_span_nodes, device, ms_per_byte
 from umsearch.core.cost import CostTables
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, Stage
@@ -36,7 +44,7 @@ from umsearch.sim.kernels import (
     code_kind,
     code_mb,
     code_stage,
-    finish,
+    finish_on,
     link_producers,
     memory_step,
     needed_ms,
@@ -81,6 +89,14 @@ class ArrayPlan:
     """Every rank's action codes, rank after rank."""
     act_len: IntArray
     """(R,) actions per rank."""
+    replicas: int = 1
+    """``D``: data-parallel replicas (MODEL.md 9); ``batch`` is still the global batch."""
+    cluster: Cluster | None = None
+    """Nodes and their links; None: the profile's link everywhere."""
+    layout: str = DEFAULT_LAYOUT
+    """``dp_inner`` or ``pp_inner``: which device each replica's rank is."""
+    zero1: bool = False
+    """Whether optimizer states are sharded over the replicas."""
 
     @property
     def stages(self) -> int:
@@ -103,6 +119,7 @@ def encode(plan: Plan) -> ArrayPlan:
         bwd=np.array([v for s in st for v in s.backward], dtype=np.int64),
         bwd_len=np.array([len(s.backward) for s in st], dtype=np.int64),
         act=np.array(codes, dtype=np.int64), act_len=np.array([len(a) for a in plan.actions], dtype=np.int64),
+        replicas=plan.data_parallel, cluster=plan.cluster, layout=plan.layout, zero1=plan.zero1,
     )  # fmt: skip
 
 
@@ -120,7 +137,8 @@ def decode(ap: ArrayPlan) -> Plan:
         tuple(Action.from_code(c) for c in act[ap_[r] : ap_[r + 1]])
         for r in range(ap.ranks)
     )
-    return Plan(global_batch=ap.batch, ranks=ap.ranks, stages=stages, actions=actions)
+    return Plan(global_batch=ap.batch, ranks=ap.ranks, stages=stages, actions=actions, data_parallel=ap.replicas,
+                cluster=ap.cluster, layout=ap.layout, zero1=ap.zero1)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,10 +166,77 @@ class PackedPlans:
     act: IntArray
     """Flat action codes; rank g's are ``act[act_ptr[g]:act_ptr[g+1]]``."""
     act_ptr: IntArray
+    replicas: IntArray
+    """(N,) data-parallel replicas of each candidate."""
+    zero1: BoolArray
+    """(N,) whether each candidate shards its optimizer states."""
+    links: FloatArray
+    """(N, 4) each candidate's cluster links: intra latency, intra ms per byte, inter latency, inter
+    ms per byte (zeros without a cluster)."""
+    run_ptr: IntArray
+    """(N+1,) offsets of each candidate's runs: one per distinct link pattern of its replicas."""
+    node_ptr: IntArray
+    """Offsets of each run's node ids in ``run_node``; an empty range: no cluster (the profile's link)."""
+    run_node: IntArray
+    """Flat node of each rank of each run's replica."""
+    stage_link: IntArray
+    """Per stage, the link its all-reduce uses: 0 the profile's, 1 intra, 2 inter."""
 
     @property
     def size(self) -> int:
         return int(self.stage_ptr.shape[0]) - 1
+
+
+@lru_cache(maxsize=256)
+def _patterns(ranks: int, replicas: int, cluster: Cluster, layout: str) -> tuple[IntArray, IntArray]:
+    """``(nodes, stage_link)`` of a cluster placement: one row of per-rank nodes for each distinct
+    pattern of shared nodes among a replica's ranks (in order of first replica), and per rank the
+    link its stages' all-reduces use (1 intra, 2 inter)."""
+    d, r = np.arange(replicas)[:, None], np.arange(ranks)[None, :]
+    nodes = np.asarray(device(d, r, ranks, replicas, layout)) // cluster.gpus_per_node  # type: ignore[arg-type]
+    # Nodes grow with the rank, so where they change between neighbouring ranks is the whole pattern.
+    _, first = np.unique(np.diff(nodes, axis=1) != 0, axis=0, return_index=True)
+    rows = nodes[np.sort(first)].astype(np.int64)
+    spans = [copies_span_nodes(cluster, q, ranks, replicas, layout) for q in range(ranks)]
+    return rows, np.where(spans, 2, 1).astype(np.int64)
+
+
+def _replica_arrays(c: ArrayPlan) -> tuple[IntArray, IntArray]:
+    """A candidate's runs (rows of per-rank nodes; one empty row without a cluster) and the link class
+    of each stage's all-reduce."""
+    if c.cluster is None:
+        return np.empty((1, 0), dtype=np.int64), np.zeros(c.stages, dtype=np.int64)
+    rows, per_rank = _patterns(c.ranks, c.replicas, c.cluster, c.layout)
+    return rows, per_rank[c.rank]
+
+
+def _links(c: ArrayPlan) -> list[float]:
+    x = c.cluster
+    if x is None:
+        return [0.0] * 4
+    return [x.intra.latency_ms, ms_per_byte(x.intra), x.inter.latency_ms, ms_per_byte(x.inter)]
+
+
+def _replica_fields(candidates: Sequence[ArrayPlan]) -> dict[str, npt.NDArray[np.generic]]:
+    """:class:`PackedPlans`' section 9 arrays (quick where no candidate has a cluster: one run each)."""
+    n = len(candidates)
+    out: dict[str, npt.NDArray[np.generic]] = {
+        "replicas": np.array([c.replicas for c in candidates], dtype=np.int64),
+        "zero1": np.array([c.zero1 for c in candidates], dtype=np.bool_),
+    }
+    if all(c.cluster is None for c in candidates):
+        return out | {"links": np.zeros((n, 4)), "run_ptr": np.arange(n + 1, dtype=np.int64),
+                      "node_ptr": np.zeros(n + 1, dtype=np.int64), "run_node": np.zeros(0, dtype=np.int64),
+                      "stage_link": np.zeros(sum(c.stages for c in candidates), dtype=np.int64)}  # fmt: skip
+    reps = [_replica_arrays(c) for c in candidates]
+    runs = [rows for rows, _ in reps]
+    return out | {
+        "links": np.array([_links(c) for c in candidates], dtype=np.float64).reshape(n, 4),
+        "run_ptr": offsets([rows.shape[0] for rows in runs]),
+        "node_ptr": offsets([rows.shape[1] for rows in runs for _ in range(rows.shape[0])]),
+        "run_node": np.concatenate([rows.ravel() for rows in runs]),
+        "stage_link": np.concatenate([link for _, link in reps]),
+    }
 
 
 def pack(candidates: Sequence[ArrayPlan]) -> PackedPlans:
@@ -167,6 +252,7 @@ def pack(candidates: Sequence[ArrayPlan]) -> PackedPlans:
         bwd=cat([c.bwd for c in candidates]), bwd_ptr=offsets(cat([c.bwd_len for c in candidates])),
         rank_ptr=offsets([c.ranks for c in candidates]),
         act=cat([c.act for c in candidates]), act_ptr=offsets(cat([c.act_len for c in candidates])),
+        **_replica_fields(candidates),  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -175,7 +261,14 @@ class BatchResult:
     """Scores of a packed population, entry c for candidate c."""
 
     iteration_ms: FloatArray
-    """(N,) iteration time; ``inf`` where the candidate deadlocks."""
+    """(N,) iteration time (the later of the two ends below); ``inf`` where the candidate deadlocks."""
+    compute_end_ms: FloatArray
+    """(N,) latest end of any action of any replica; ``inf`` on deadlock."""
+    allreduce_end_ms: FloatArray
+    """(N,) latest end of any all-reduce; 0 with one replica, ``inf`` on deadlock."""
+    allreduce_span_ms: FloatArray
+    """(stages of all candidates, 3): each stage's all-reduce ready time, start and end (in the packed
+    stage order, ``stage_ptr``); NaN with one replica or on deadlock."""
     deadlock: BoolArray
     """(N,) True where the candidate deadlocks."""
     max_memory_bytes: FloatArray
@@ -185,13 +278,19 @@ class BatchResult:
     busy_ms: FloatArray
     """Flat per-rank busy time, likewise."""
     rank_end_ms: FloatArray
-    """Flat per-rank end of the last action that ran, likewise."""
+    """Flat per-rank end of the last action that ran (the latest over replicas), likewise."""
     rank_ptr: IntArray
     """(N+1,) offsets into the per-rank arrays."""
+    stage_ptr: IntArray
+    """(N+1,) offsets into the per-stage arrays."""
 
     def ranks_of(self, c: int, values: FloatArray) -> FloatArray:
         """Candidate ``c``'s slice of a per-rank array."""
         return values[self.rank_ptr[c] : self.rank_ptr[c + 1]]
+
+    def stages_of(self, c: int, values: FloatArray) -> FloatArray:
+        """Candidate ``c``'s slice of a per-stage array."""
+        return values[self.stage_ptr[c] : self.stage_ptr[c + 1]]
 
 
 def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
@@ -202,20 +301,37 @@ def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
     """
     n = packed.size
     n_ranks = int(packed.rank_ptr[-1])
-    it, top = np.empty(n), np.empty(n)
+    it, top, comp, ar_end = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     dead = np.zeros(n, dtype=np.bool_)
     mem, busy, ends = np.zeros(n_ranks), np.zeros(n_ranks), np.zeros(n_ranks)
+    spans = np.full((packed.lo.shape[0], 3), np.nan)
     t = tables
     _evaluate_all(
         packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, t.stage_scale(packed.lo, packed.hi),
         packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.act, packed.act_ptr,
         t.times, t.out_bytes, t.stash_prefix, t.param_prefix, t.input_bytes,
         t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms, t.message_overhead_ms_per_byte,
-        t.state_factor,
-        it, dead, top, mem, busy, ends, min(n, 4 * get_num_threads()),
+        t.state_factor, packed.replicas, packed.zero1, packed.links, packed.run_ptr, packed.node_ptr,
+        packed.run_node, allreduce_times(packed, tables),
+        it, dead, top, comp, ar_end, spans, mem, busy, ends, min(n, 4 * get_num_threads()),
     )  # fmt: skip
-    return BatchResult(iteration_ms=it, deadlock=dead, max_memory_bytes=top, peak_memory_bytes=mem, busy_ms=busy,
-                       rank_end_ms=ends, rank_ptr=packed.rank_ptr)  # fmt: skip
+    return BatchResult(iteration_ms=it, compute_end_ms=comp, allreduce_end_ms=ar_end, allreduce_span_ms=spans,
+                       deadlock=dead, max_memory_bytes=top, peak_memory_bytes=mem, busy_ms=busy, rank_end_ms=ends,
+                       rank_ptr=packed.rank_ptr, stage_ptr=packed.stage_ptr)  # fmt: skip
+
+
+def allreduce_times(packed: PackedPlans, tables: CostTables) -> FloatArray:
+    """Per stage (all candidates), its ring all-reduce over the candidate's replicas (MODEL.md 9; 0
+    with one replica): ``2 (D-1)/D * P_j * ms_per_byte + 2 (D-1) * latency`` on its link."""
+    counts = np.diff(packed.stage_ptr)
+    d = np.repeat(packed.replicas, counts).astype(np.float64)
+    links = np.repeat(packed.links, counts, axis=0)
+    cls = packed.stage_link
+    lat = np.where(cls == 0, tables.latency_ms, np.where(cls == 1, links[:, 0], links[:, 2]))
+    per_byte = np.where(cls == 0, tables.ms_per_byte, np.where(cls == 1, links[:, 1], links[:, 3]))
+    params = tables.param_prefix[packed.hi] - tables.param_prefix[packed.lo]
+    out: FloatArray = 2 * (d - 1) / d * params * per_byte + 2 * (d - 1) * lat
+    return out
 
 
 @njit(cache=True, parallel=True)
@@ -223,47 +339,119 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
     stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
     times, out_bytes, stash_prefix, param_prefix, input_bytes,
     latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
-    it, dead, top, mem, busy, ends, blocks,
+    replicas, zero1, links, run_ptr, node_ptr, run_node, ar_ms,
+    it, dead, top, comp, ar_end, spans, mem, busy, ends, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
-    max_s = max_r = 1  # scratch sizes: the largest candidate's
+    max_s = max_r = max_g = 1  # scratch sizes: the largest candidate's
     for c in range(n):
         s0, s1 = stage_ptr[c], stage_ptr[c + 1]
         max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
-        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0])
+        max_g = max(max_g, s1 - s0)
+        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + s1 - s0)
     # Candidates are independent: blocks of them run on numba's threads, each with its own
     # scratch, and every result lands in the candidate's own slots (deterministic).
     for blk in prange(blocks):
         dep_lo = np.empty(max_s, np.int64)  # per forward, then per backward: producer range
         dep_hi = np.empty(max_s, np.int64)
-        deliv = np.empty(max_s)  # delivery of each forward's output / each B/I's gradient (-1: not yet)
+        # Delivery of each forward's output / each B/I's gradient (-1: not yet), then per stage its last B/W end.
+        deliv = np.empty(max_s)
         waiter = np.empty(max_s, np.int64)  # the rank waiting for that delivery (-1: none)
-        link = np.empty((max_r, max_r))  # link[src, dst]: arrival of its last message
+        link = np.empty((max_r, max_r, 3))  # link[src, dst]: arrival of its last message, latency, ms/byte
         pos = np.empty(max_r, np.int64)
         clock = np.empty(max_r)
         level = np.empty(max_r)
         stack = np.empty(max_r, np.int64)
+        last_end = np.empty(max_r)  # per rank, over the runs
+        ready = np.empty(max_g)  # per stage, its all-reduce's ready time over the runs
+        order = np.empty(max_g, np.int64)
         for c in range(blk * n // blocks, (blk + 1) * n // blocks):
-            dead[c] = _one(c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act,
-                           act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes,
-                           latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
-                           dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy, ends)  # fmt: skip
-            last = peak = 0.0
-            for g in range(rank_ptr[c], rank_ptr[c + 1]):
-                last = max(last, ends[g])
-                peak = max(peak, mem[g])
-            it[c] = np.inf if dead[c] else last
-            top[c] = np.inf if dead[c] else peak
+            r0, R = rank_ptr[c], rank_ptr[c + 1] - rank_ptr[c]
+            s0, S = stage_ptr[c], stage_ptr[c + 1] - stage_ptr[c]
+            n_slots = fwd_ptr[s0 + S] - fwd_ptr[s0] + bwd_ptr[s0 + S] - bwd_ptr[s0]
+            D = replicas[c]
+            factor = 2.0 + (state_factor - 2.0) / D if zero1[c] else state_factor
+            last_end[:R] = 0.0
+            ready[:S] = 0.0
+            for u in range(run_ptr[c], run_ptr[c + 1]):
+                _set_links(link, R, run_node, node_ptr[u], node_ptr[u + 1], links, c, latency, ms_per_byte)
+                dead[c] = _one(c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr,
+                               act, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes,
+                               op_oh, msg_oh, msg_per_byte, factor,
+                               dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy,
+                               ends)  # fmt: skip
+                if dead[c]:  # links change times, never what waits for what
+                    break
+                for r in range(R):
+                    last_end[r] = max(last_end[r], ends[r0 + r])
+                for j in range(S):
+                    ready[j] = max(ready[j], deliv[n_slots + j])
+            peak = 0.0
+            for r in range(R):
+                peak = max(peak, mem[r0 + r])
+            if dead[c]:
+                it[c] = top[c] = comp[c] = ar_end[c] = np.inf
+                continue
+            last = 0.0
+            for r in range(R):
+                ends[r0 + r] = last_end[r]
+                last = max(last, last_end[r])
+            done = _allreduce_end(s0, S, rank, ready, ar_ms, order, clock, spans) if D > 1 else 0.0
+            comp[c], ar_end[c] = last, done
+            it[c] = max(last, done)
+            top[c] = peak
+
+
+@njit(cache=True)
+def _set_links(link, R, run_node, n0, n1, links, c, latency, ms_per_byte):  # type: ignore[no-untyped-def]
+    """Clear ``link``'s arrivals and give every rank pair of candidate ``c``'s run its latency and ms
+    per byte: the profile's without a cluster (``n0 == n1``), else intra or inter by the ranks' nodes
+    ``run_node[n0:n1]``."""
+    for r in range(R):
+        for q in range(R):
+            link[r, q, 0] = 0.0
+            if n0 == n1:
+                link[r, q, 1] = latency
+                link[r, q, 2] = ms_per_byte
+            else:
+                k = 0 if run_node[n0 + r] == run_node[n0 + q] else 2
+                link[r, q, 1] = links[c, k]
+                link[r, q, 2] = links[c, k + 1]
+
+
+@njit(cache=True)
+def _allreduce_end(s0, S, rank, ready, ar_ms, order, free, spans):  # type: ignore[no-untyped-def]
+    """MODEL.md section 9: the stages' all-reduces (``ar_ms``), each ready at ``ready[j]``, run one at a
+    time per rank in ready order (lower stage first on ties); writes each one's ready time, start and
+    end to ``spans[s0 + j]`` and returns the latest end. ``order`` and ``free`` (per rank) are scratch."""
+    for j in range(S):  # stable insertion sort by ready time: ties keep the lower stage first
+        i = j
+        while i > 0 and ready[order[i - 1]] > ready[j]:
+            order[i] = order[i - 1]
+            i -= 1
+        order[i] = j
+    for j in range(S):
+        free[rank[s0 + j]] = 0.0
+    last = 0.0
+    for i in range(S):
+        j = order[i]
+        r = rank[s0 + j]
+        spans[s0 + j, 0] = ready[j]
+        spans[s0 + j, 1] = max(ready[j], free[r])
+        free[r] = spans[s0 + j, 2] = spans[s0 + j, 1] + ar_ms[s0 + j]
+        last = max(last, free[r])
+    return last
 
 
 @njit(cache=True)
 def _one(  # type: ignore[no-untyped-def]
     c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
     times, out_bytes, stash_prefix, param_prefix, input_bytes,
-    latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
+    op_oh, msg_oh, msg_per_byte, state_factor,
     dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy, ends,
 ):  # fmt: skip
-    """Run candidate c to the end or to a deadlock; returns True on deadlock.
+    """Run candidate c (one replica, its links in ``link``, see :func:`_set_links`) to the end or to a
+    deadlock; returns True on deadlock. ``deliv[n_slots + j]`` is left at stage j's last B/W end.
 
     Slots: forward k of stage g is slot ``fwd_ptr[g] - f_base + k``; backward k
     is ``n_f + bwd_ptr[g] - b_base + k``. ``dep_*`` of a slot is the range of
@@ -281,6 +469,8 @@ def _one(  # type: ignore[no-untyped-def]
     for i in range(n_slots):
         deliv[i] = -1.0
         waiter[i] = -1
+    for j in range(S):
+        deliv[n_slots + j] = 0.0
     for r in range(R):
         pos[r] = 0
         clock[r] = 0.0
@@ -288,8 +478,6 @@ def _one(  # type: ignore[no-untyped-def]
         mem[r0 + r] = 0.0
         busy[r0 + r] = 0.0
         stack[r] = R - 1 - r  # rank 0 runs first
-        for q in range(R):
-            link[r, q] = 0.0
     top_of_stack = R
     remaining = act_ptr[r1] - act_ptr[r0]
     while top_of_stack > 0:
@@ -331,9 +519,10 @@ def _one(  # type: ignore[no-untyped-def]
                 if cross:
                     need = needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh,
                                      msg_per_byte)  # fmt: skip
-            end, to, arrival = finish(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
-                                      link, times, out_bytes, latency, ms_per_byte, op_oh, msg_oh,
-                                      msg_per_byte)  # fmt: skip
+            end, to, arrival = finish_on(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
+                                         link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
+            if kind & 1:  # B or W: the stage's latest backward end so far (its rank runs in order)
+                deliv[n_slots + j] = end
             if to >= 0:
                 deliv[slot] = arrival
                 w = waiter[slot]

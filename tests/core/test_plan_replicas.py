@@ -1,0 +1,108 @@
+"""MODEL.md section 9's plan fields: read, written and refused with one line naming the value and the fix."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.contract import EXAMPLE3, example8
+from umsearch.core.errors import PlanError
+from umsearch.core.plan import document_from_json, plan_from_json, save_plan
+
+
+def _example8_json(**changes: Any) -> dict[str, Any]:
+    obj = example8().to_json()
+    for key, value in changes.items():
+        if value is None:
+            obj.pop(key, None)
+        else:
+            obj[key] = value
+    return obj
+
+
+def test_fields_round_trip() -> None:
+    for plan in (example8("dp_inner"), example8("pp_inner", zero1=True)):
+        assert plan_from_json(json.loads(json.dumps(plan.to_json()))) == plan
+
+
+def test_fields_as_written() -> None:
+    obj = example8("pp_inner", zero1=True).to_json()
+    assert obj["data_parallel"] == 2 and obj["layout"] == "pp_inner" and obj["zero1"] is True
+    assert obj["cluster"] == {"gpus_per_node": 2, "intra": {"latency_ms": 0.5, "bandwidth_gb_per_s": 1.0},
+                              "inter": {"latency_ms": 1.0, "bandwidth_gb_per_s": 0.1}}  # fmt: skip
+
+
+def test_absent_fields_mean_one_replica_and_are_not_written(tmp_path: Any) -> None:
+    plan = plan_from_json(EXAMPLE3.to_json())
+    assert (plan.data_parallel, plan.cluster, plan.layout, plan.zero1) == (1, None, "dp_inner", False)
+    assert set(EXAMPLE3.to_json()) == {"schema", "global_batch", "ranks", "stages", "actions"}
+    path = save_plan(EXAMPLE3, tmp_path / "p.json")
+    assert not {"data_parallel", "cluster", "layout", "zero1"} & set(json.loads(path.read_text()))
+
+
+def test_defaults_written_out_read_the_same() -> None:
+    """Spelling out the defaults changes nothing: ``data_parallel: 1``, ``layout: dp_inner``, ``zero1: false``."""
+    obj = {**EXAMPLE3.to_json(), "data_parallel": 1, "layout": "dp_inner", "zero1": False}
+    assert plan_from_json(obj) == EXAMPLE3
+
+
+def _refused(obj: dict[str, Any]) -> str:
+    with pytest.raises(PlanError) as info:
+        document_from_json(obj)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(("changes", "names"), [
+    ({"data_parallel": 3}, ["data_parallel = 3", "global_batch = 8", "divides"]),
+    ({"data_parallel": 0}, ["data_parallel = 0", "between 1"]),
+    ({"data_parallel": True}, ["data_parallel", "integer", "True"]),
+    ({"data_parallel": 4}, ["sums to 4", "global_batch / data_parallel = 8 / 4 is 2"]),
+    ({"data_parallel": None}, ["sums to 4", "global_batch is 8"]),
+    ({"layout": "ring"}, ["layout = 'ring'", "'dp_inner' or 'pp_inner'"]),
+    ({"zero1": "yes"}, ["zero1", "true or false", "'yes'"]),
+    ({"cluster": {"gpus_per_node": 0, "intra": {}, "inter": {}}}, ["cluster.gpus_per_node = 0", "at least 1"]),
+    ({"cluster": {"gpus_per_node": 2, "intra": {"latency_ms": 0, "bandwidth_gb_per_s": 1}}},
+     ["cluster.", "'inter'", "add it"]),
+    ({"cluster": {"gpus_per_node": 2, "intra": {"latency_ms": 0, "bandwidth_gb_per_s": 0},
+                  "inter": {"latency_ms": 0, "bandwidth_gb_per_s": 1}}},
+     ["cluster.intra.bandwidth_gb_per_s", "positive", "0"]),
+    ({"cluster": {"gpus_per_node": 2, "intra": {"latency_ms": -1, "bandwidth_gb_per_s": 1},
+                  "inter": {"latency_ms": 0, "bandwidth_gb_per_s": 1}}},
+     ["cluster.intra.latency_ms", "non-negative", "-1"]),
+    ({"cluster": {"gpus_per_node": 2, "intra": {"latency_ms": 0, "bandwidth_gb_per_s": 1},
+                  "inter": {"latency_ms": 0, "bandwidth_gb_per_s": 1}, "nodes": 4}},
+     ["cluster.", "'nodes'"]),
+    ({"cluster": [2]}, ["cluster", "object"]),
+])  # fmt: skip
+def test_bad_fields_refused_in_one_line(changes: dict[str, Any], names: list[str]) -> None:
+    message = _refused(_example8_json(**changes))
+    for part in names:
+        assert part in message, (part, message)
+
+
+@pytest.mark.parametrize(("changes", "part"), [
+    ({"data_parallel": 3}, "data_parallel = 3 does not divide"),
+    ({"layout": "ring"}, "layout = 'ring'"),
+])  # fmt: skip
+def test_validate_plan_checks_plans_built_in_code(changes: dict[str, Any], part: str) -> None:
+    import dataclasses
+
+    from umsearch.core.plan import validate_plan
+
+    with pytest.raises(PlanError, match=part):
+        validate_plan(dataclasses.replace(example8(), **changes))
+
+
+def test_validate_plan_checks_the_cluster_built_in_code() -> None:
+    import dataclasses
+
+    from tests.contract import EXAMPLE8_CLUSTER
+    from umsearch.core.plan import validate_plan
+
+    bad = dataclasses.replace(example8(), cluster=dataclasses.replace(EXAMPLE8_CLUSTER, gpus_per_node=0))
+    with pytest.raises(PlanError, match="gpus_per_node = 0 must be at least 1"):
+        validate_plan(bad)
