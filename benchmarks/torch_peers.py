@@ -41,7 +41,7 @@ def worker(rank: int, world: int, factory: Any, jobs: list[Job], rounds: int, wa
     import torch
     import torch.distributed as dist
 
-    from umsearch.core.plan import plan_from_json
+    from umsearch.core.plan_io import plan_from_json
     from umsearch.runtime.config import RunConfig
     from umsearch.runtime.worker import RankSession
 

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from tests.cli.helpers import run_cli
 from tests.strategies import uniform_profile
-from umsearch.core.plan import placed_plan, save_plan
+from umsearch.core.plan import placed_plan
+from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
 from umsearch.core.schedules import one_f_one_b
 

@@ -58,7 +58,7 @@ def exec_on_rank(rank: int, world: int, code: str) -> float | None:
 @pytest.mark.slow
 def test_the_executor_example_runs_on_two_ranks(tmp_path: Path) -> None:
     from tests.runtime.helpers import peer_plan
-    from umsearch.core.plan import save_plan
+    from umsearch.core.plan_io import save_plan
     from umsearch.runtime.config import LaunchConfig
     from umsearch.runtime.launch import launch
 

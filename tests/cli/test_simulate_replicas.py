@@ -9,7 +9,7 @@ import pytest
 
 from tests.cli.helpers import run_cli
 from tests.contract import EXAMPLE3, example8, example8_profile, unit_profile
-from umsearch.core.plan import save_plan
+from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.contract import EXAMPLE3, example8
 from umsearch.core.errors import PlanError
-from umsearch.core.plan import document_from_json, plan_from_json, save_plan
+from umsearch.core.plan_io import document_from_json, plan_from_json, save_plan
 
 
 def _example8_json(**changes: Any) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def test_bad_fields_refused_in_one_line(changes: dict[str, Any], names: list[str
 def test_validate_plan_checks_plans_built_in_code(changes: dict[str, Any], part: str) -> None:
     import dataclasses
 
-    from umsearch.core.plan import validate_plan
+    from umsearch.core.plan_rules import validate_plan
 
     with pytest.raises(PlanError, match=part):
         validate_plan(dataclasses.replace(example8(), **changes))
@@ -101,7 +101,7 @@ def test_validate_plan_checks_the_cluster_built_in_code() -> None:
     import dataclasses
 
     from tests.contract import EXAMPLE8_CLUSTER
-    from umsearch.core.plan import validate_plan
+    from umsearch.core.plan_rules import validate_plan
 
     bad = dataclasses.replace(example8(), cluster=dataclasses.replace(EXAMPLE8_CLUSTER, gpus_per_node=0))
     with pytest.raises(PlanError, match="gpus_per_node = 0 must be at least 1"):

@@ -13,7 +13,7 @@ from tests.contract import example8
 from tests.runtime.helpers import peer_plan, placed
 from umsearch.core.errors import PlanError
 from umsearch.core.export import parse_pipelining_csv
-from umsearch.core.plan import validate_plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.core.schedules import PEER_SCHEDULES
 from umsearch.core.torchtitan import (
     PARALLELISM_KEYS,
@@ -128,7 +128,7 @@ def test_the_export_command_writes_the_data_parallel_settings_and_says_what_diff
 
     from tests.strategies import uniform_profile
     from umsearch.cli.export import export_command
-    from umsearch.core.plan import save_plan
+    from umsearch.core.plan_io import save_plan
     from umsearch.core.profile import save_profile
 
     save_profile(uniform_profile(layers=2), tmp_path / "prof.json")

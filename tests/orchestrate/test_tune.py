@@ -12,7 +12,7 @@ import pytest
 
 from tests.strategies import uniform_profile
 from umsearch.core.cost import CostModel
-from umsearch.core.plan import load_document
+from umsearch.core.plan_io import load_document
 from umsearch.core.profile import Profile, RuntimeCosts, load_profile
 from umsearch.orchestrate.calibration import probe_plans
 from umsearch.orchestrate.measure import Entry, Measured

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from umsearch.core.plan import load_document
+from umsearch.core.plan_io import load_document
 
 
 def _umsearch(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from umsearch.core.actions import parse_actions
-from umsearch.core.plan import Plan, Stage, equal_split, placed_plan, validate_plan
+from umsearch.core.plan import Plan, Stage, equal_split, placed_plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.core.schedules import PEER_SCHEDULES, warmup_rule
 
 WIDTH = 6

@@ -26,7 +26,8 @@ from umsearch.cli.run import (
     run_warnings,
     validate_command,
 )
-from umsearch.core.plan import Plan, save_plan
+from umsearch.core.plan import Plan
+from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import file_sha256, save_profile
 from umsearch.runtime.config import LaunchConfig, ModelChoice, RunConfig
 from umsearch.runtime.factory import resolve_plan

@@ -22,7 +22,9 @@ from tests.runtime.test_distributed import CFG, PLANS, _on_layers, many_plans, r
 from tests.runtime.test_distributed import tiny_model as built_tiny_model
 from umsearch.cli.run import run_command
 from umsearch.core.errors import PlanError, RuntimeExecutionError
-from umsearch.core.plan import Plan, save_plan, validate_plan
+from umsearch.core.plan import Plan
+from umsearch.core.plan_io import save_plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.runtime.executor import StageExecutor
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import launch

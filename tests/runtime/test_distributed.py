@@ -32,7 +32,8 @@ from tests.contract import (
 )
 from umsearch.cli.run import run_command
 from umsearch.core.errors import RuntimeExecutionError
-from umsearch.core.plan import Plan, save_plan
+from umsearch.core.plan import Plan
+from umsearch.core.plan_io import save_plan
 from umsearch.nn.spec import BuiltModel
 from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.launch import RankFailure, launch

@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 from tests.contract import warmup_plan
 from tests.strategies import uniform_profile
 from umsearch.cli.run import run_command, validate_command
-from umsearch.core.plan import save_plan
+from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
 from umsearch.runtime.config import LaunchConfig
 from umsearch.runtime.launch import launch

@@ -15,7 +15,8 @@ from pathlib import Path
 from umsearch.core.deps import find_deadlock
 from umsearch.core.errors import PlanError
 from umsearch.core.jsonio import read_json
-from umsearch.core.plan import Plan, document_from_json
+from umsearch.core.plan import Plan
+from umsearch.core.plan_io import document_from_json
 
 BASELINES_FILE = "baselines.json"
 """The file name a search gives its baselines, beside ``plan.json``."""

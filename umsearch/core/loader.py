@@ -16,7 +16,8 @@ from umsearch.core.cost import CostModel
 from umsearch.core.errors import ModelSpecError, PlanError
 from umsearch.core.fields import number
 from umsearch.core.model_spec import ModelSpec
-from umsearch.core.plan import Plan, PlanDocument, load_document, resolve_profile_path
+from umsearch.core.plan import Plan
+from umsearch.core.plan_io import PlanDocument, load_document, resolve_profile_path
 from umsearch.core.profile import Profile, load_profile
 
 DEFAULT_STATE_FACTOR = 4.0

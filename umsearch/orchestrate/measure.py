@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from umsearch.core.plan import Plan, plan_from_json
+from umsearch.core.plan import Plan
+from umsearch.core.plan_io import plan_from_json
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.factory import ModelFactory
 from umsearch.runtime.run import StepResult, merge_step

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from umsearch.core.outputs import write_output_file
-from umsearch.core.plan import PlanDocument, save_document
+from umsearch.core.plan_io import PlanDocument, save_document
 from umsearch.core.profile import Profile
 from umsearch.orchestrate.tune import ContenderResult, TuneResult
 

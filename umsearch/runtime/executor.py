@@ -58,7 +58,8 @@ import torch
 
 from umsearch.core.actions import Action, ActionRecord
 from umsearch.core.errors import RuntimeExecutionError
-from umsearch.core.plan import Plan, validate_plan
+from umsearch.core.plan import Plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.core.samples import all_overlaps
 from umsearch.nn.precision import LossScaler, Precision
 from umsearch.runtime.comm import Comm, Handle, first_line

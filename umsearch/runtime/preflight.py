@@ -23,7 +23,8 @@ import torch
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import find_deadlock
 from umsearch.core.errors import PlanError
-from umsearch.core.plan import Plan, validate_plan
+from umsearch.core.plan import Plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Profile, profile_precision
 from umsearch.runtime.factory import ModelFactory, ModelLike
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from umsearch.core.plan import Plan, plan_from_json
+from umsearch.core.plan import Plan
+from umsearch.core.plan_io import plan_from_json
 from umsearch.nn.precision import Precision, apply_switches, check_autocast
 from umsearch.runtime.comm import Link, RankComm, plan_links
 from umsearch.runtime.config import RunConfig

@@ -296,7 +296,7 @@ class BatchResult:
 def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
     """Score every candidate; agrees with :func:`umsearch.sim.reference.simulate` to 1e-9 relative.
 
-    Assumes valid candidates that fit the tables (:func:`umsearch.core.plan.validate_plan`,
+    Assumes valid candidates that fit the tables (:func:`umsearch.core.plan_rules.validate_plan`,
     :meth:`umsearch.core.cost.CostModel.check`, sizes up to ``tables.b_max``).
     """
     n = packed.size

@@ -25,7 +25,8 @@ from umsearch.core.actions import Action, ActionRecord
 from umsearch.core.cluster import allreduce_ms, copies_span_nodes, ms_per_byte, replica_nodes
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import Dependencies, find_deadlock
-from umsearch.core.plan import Plan, validate_plan
+from umsearch.core.plan import Plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Link
 from umsearch.sim.result import AllReduceSpan, SimResult
 

@@ -1,0 +1,243 @@
+"""Plan files: :class:`PlanDocument` (a plan with its prediction and provenance) to and from JSON and disk.
+
+``umsearch.plan/2`` is read and written; a ``umsearch.plan/1`` file (one stage per rank, orders
+given by a warmup) is read as the plan/2 of MODEL.md section 6.1. Every object read passes
+:func:`umsearch.core.plan_rules.validate_plan`; errors name the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from umsearch.core.actions import Action, parse_action
+from umsearch.core.cluster import LAYOUTS, cluster_from_json
+from umsearch.core.errors import PlanError
+from umsearch.core.fields import check_keys, integer, mapping, required
+from umsearch.core.jsonio import check_input_path, read_json, write_json
+from umsearch.core.plan import MAX_MICROBATCHES, SCHEMA, SCHEMA_V1, Plan, Stage
+from umsearch.core.plan_rules import validate_plan
+
+_SEE = "MODEL.md section 2"
+
+
+META_KEYS = ("profile", "profile_sha256", "model", "state_factor", "search_space", "seed", "source")
+"""Provenance a plan file may carry beside the plan and its prediction."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanDocument:
+    """A plan file: the plan, what the simulator predicted for it, and where it came from."""
+
+    plan: Plan
+    """The schedule itself."""
+    predicted: dict[str, Any] | None = None
+    """At least ``iteration_ms`` (None on deadlock) and ``peak_memory_bytes`` (one per rank)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Provenance (:data:`META_KEYS`): ``profile`` (path, relative to the plan file or absolute),
+    ``profile_sha256``, ``model`` ({source, args}), ``state_factor``, ``search_space``, ``seed``,
+    ``source`` (who made the plan)."""
+
+    @property
+    def profile(self) -> str | None:
+        """Path of the profile the plan was made for, as written in the file."""
+        value = self.meta.get("profile")
+        return value if isinstance(value, str) else None
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.plan.to_json()
+        if self.predicted is not None:
+            out["predicted"] = self.predicted
+        for key in META_KEYS:
+            if key in self.meta:
+                out[key] = self.meta[key]
+        return out
+
+
+def _sizes(raw: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise PlanError(f"plan field {where} must be a non-empty list of sizes, got {raw!r}")
+    if len(raw) > MAX_MICROBATCHES:
+        raise PlanError(f"plan field {where} lists {len(raw)} microbatches; at most {MAX_MICROBATCHES} are supported")
+    return tuple(integer(v, f"{where}[{i}]", PlanError, lo=1) for i, v in enumerate(raw))
+
+
+def _layers(raw: Any, where: str) -> tuple[int, int]:
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise PlanError(f"plan field {where} must be [lo, hi] integers, got {raw!r}")
+    return integer(raw[0], f"{where}[0]", PlanError), integer(raw[1], f"{where}[1]", PlanError)
+
+
+def _recompute(raw: dict[str, Any], where: str) -> bool:
+    value = raw.get("recompute", False)
+    if not isinstance(value, bool):
+        raise PlanError(f"plan field {where}.recompute must be true or false, got {value!r}")
+    return value
+
+
+_STAGE_KEYS = frozenset({"layers", "rank", "forward", "backward", "recompute"})
+
+
+def _stage(raw: Any, j: int) -> Stage:
+    where = f"stages[{j}]"
+    obj = mapping(raw, where, PlanError)
+    check_keys(obj, _STAGE_KEYS, f"{where}.", PlanError)
+    forward = _sizes(required(obj, "forward", f"{where}.", PlanError, _SEE), f"{where}.forward")
+    return Stage(
+        layers=_layers(required(obj, "layers", f"{where}.", PlanError, _SEE), f"{where}.layers"),
+        rank=integer(required(obj, "rank", f"{where}.", PlanError, _SEE), f"{where}.rank", PlanError),
+        forward=forward,
+        backward=_sizes(obj["backward"], f"{where}.backward") if "backward" in obj else forward,
+        recompute=_recompute(obj, where),
+    )
+
+
+def _actions(raw: Any, ranks: int) -> tuple[tuple[Action, ...], ...]:
+    if not isinstance(raw, list):
+        raise PlanError(f"plan field 'actions' must be a list with one action list per rank, got {raw!r}")
+    if len(raw) != ranks:
+        raise PlanError(f"plan field 'actions' has {len(raw)} lists but the plan has {ranks} ranks; give one per rank")
+    out = []
+    for r, items in enumerate(raw):
+        if isinstance(items, str):
+            items = items.split()
+        if not isinstance(items, list):
+            raise PlanError(f"plan field actions[{r}] must be a list of actions like '0F0', got {items!r}")
+        acts = []
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise PlanError(f"plan field actions[{r}][{i}] must be a string like '0F0', got {item!r}")
+            try:
+                acts.append(parse_action(item))
+            except ValueError as exc:
+                raise PlanError(f"plan field actions[{r}][{i}]: {exc}") from None
+        out.append(tuple(acts))
+    return tuple(out)
+
+
+def _v1_plan(obj: dict[str, Any]) -> Plan:
+    """MODEL.md 6.1: a plan/1 file as plan/2 (stage j on rank j, orders from each stage's warmup)."""
+    from umsearch.core.schedules import warmup_rule
+
+    check_keys(obj, {"schema", "global_batch", "stages", "predicted", *META_KEYS}, "", PlanError)
+    raw_stages = required(obj, "stages", "", PlanError, _SEE)
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise PlanError(f"plan field 'stages' must be a non-empty list, got {raw_stages!r}")
+    stages, orders = [], []
+    for j, raw in enumerate(raw_stages):
+        where = f"stages[{j}]"
+        st_obj = mapping(raw, where, PlanError)
+        check_keys(st_obj, {"layers", "forward", "backward", "warmup", "recompute"}, f"{where}.", PlanError)
+        forward = _sizes(required(st_obj, "forward", f"{where}.", PlanError, _SEE), f"{where}.forward")
+        backward = _sizes(st_obj["backward"], f"{where}.backward") if "backward" in st_obj else forward
+        warmup = integer(required(st_obj, "warmup", f"{where}.", PlanError, _SEE), f"{where}.warmup", PlanError, lo=1)
+        stages.append(Stage(layers=_layers(required(st_obj, "layers", f"{where}.", PlanError, _SEE), f"{where}.layers"),
+                            rank=j, forward=forward, backward=backward, recompute=_recompute(st_obj, where)))  # fmt: skip
+        if sum(forward) == sum(backward):
+            orders.append(warmup_rule(j, forward, backward, warmup))
+        else:
+            orders.append(())  # validate_plan names the bad sum
+    B = integer(required(obj, "global_batch", "", PlanError, _SEE), "global_batch", PlanError, lo=1)
+    return Plan(global_batch=B, ranks=len(stages), stages=tuple(stages), actions=tuple(orders))
+
+
+_PLAN_KEYS = frozenset({"schema", "global_batch", "ranks", "stages", "actions", "predicted", *META_KEYS,
+                        "data_parallel", "cluster", "layout", "zero1"})  # fmt: skip
+
+
+def _replica_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """The optional section 9 fields of a plan/2 object, as :class:`Plan` keyword arguments."""
+    out: dict[str, Any] = {}
+    if "data_parallel" in obj:
+        out["data_parallel"] = integer(obj["data_parallel"], "data_parallel", PlanError, lo=1)
+    if "cluster" in obj:
+        out["cluster"] = cluster_from_json(obj["cluster"])
+    if "layout" in obj:
+        layout = obj["layout"]
+        if layout not in LAYOUTS:
+            raise PlanError(f"plan field layout = {layout!r} is not a layout; use 'dp_inner' or 'pp_inner'")
+        out["layout"] = layout
+    if "zero1" in obj:
+        if not isinstance(obj["zero1"], bool):
+            raise PlanError(f"plan field zero1 must be true or false, got {obj['zero1']!r}")
+        out["zero1"] = obj["zero1"]
+    return out
+
+
+def document_from_json(obj: Any, num_layers: int | None = None) -> PlanDocument:
+    """Build and validate a :class:`PlanDocument` from a decoded plan/1 or plan/2 object."""
+    if not isinstance(obj, dict):
+        raise PlanError(f"a plan must be a JSON object, got {type(obj).__name__}")
+    schema = obj.get("schema")
+    if schema == SCHEMA_V1:
+        plan = _v1_plan(obj)
+    elif schema == SCHEMA:
+        check_keys(obj, _PLAN_KEYS, "", PlanError)
+        ranks = integer(required(obj, "ranks", "", PlanError, _SEE), "ranks", PlanError, lo=1)
+        raw_stages = required(obj, "stages", "", PlanError, _SEE)
+        if not isinstance(raw_stages, list):
+            raise PlanError(f"plan field 'stages' must be a list, got {raw_stages!r}")
+        plan = Plan(
+            global_batch=integer(required(obj, "global_batch", "", PlanError, _SEE), "global_batch", PlanError, lo=1),
+            ranks=ranks,
+            stages=tuple(_stage(raw, j) for j, raw in enumerate(raw_stages)),
+            actions=_actions(required(obj, "actions", "", PlanError, _SEE), ranks),
+            **_replica_fields(obj),
+        )
+    else:
+        raise PlanError(f"unknown plan schema {schema!r}; this umsearch reads {SCHEMA!r} and {SCHEMA_V1!r}")
+    predicted = obj.get("predicted")
+    if predicted is not None and not isinstance(predicted, dict):
+        raise PlanError(f"plan field 'predicted' must be an object, got {predicted!r}")
+    profile = obj.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise PlanError(f"plan field 'profile' must be a path string, got {profile!r}")
+    validate_plan(plan, num_layers)
+    return PlanDocument(plan=plan, predicted=predicted, meta={k: obj[k] for k in META_KEYS if k in obj})
+
+
+def plan_from_json(obj: Any, num_layers: int | None = None) -> Plan:
+    """The validated :class:`Plan` of a decoded plan/1 or plan/2 object."""
+    return document_from_json(obj, num_layers).plan
+
+
+def load_document(path: str | os.PathLike[str], num_layers: int | None = None) -> PlanDocument:
+    """Read and validate a plan file; errors name the file."""
+    obj = read_json(path, "plan", PlanError)
+    try:
+        return document_from_json(obj, num_layers)
+    except PlanError as exc:
+        raise PlanError(f"{path}: {exc}") from None
+
+
+def load_plan(path: str | os.PathLike[str], num_layers: int | None = None) -> Plan:
+    """The validated :class:`Plan` of a plan file."""
+    return load_document(path, num_layers).plan
+
+
+def save_document(doc: PlanDocument, path: str | os.PathLike[str]) -> Path:
+    """Validate ``doc.plan`` and write the document atomically as plan/2."""
+    validate_plan(doc.plan)
+    return write_json(path, doc.to_json())
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str], **meta: Any) -> Path:
+    """Write a bare plan (and optional provenance) atomically as plan/2."""
+    return save_document(PlanDocument(plan=plan, meta=meta), path)
+
+
+def resolve_profile_path(doc: PlanDocument, plan_path: str | os.PathLike[str]) -> Path | None:
+    """The document's profile path, relative paths taken from the plan file's directory first."""
+    if doc.profile is None:
+        return None
+    # Checked before the file system is asked: a NUL byte or a 100,000-character name raises there.
+    try:
+        p = check_input_path(doc.profile, "profile", PlanError)
+    except PlanError as exc:
+        raise PlanError(f"{plan_path}: {exc}") from None
+    if p.is_absolute():
+        return p
+    here = Path(plan_path).parent / p
+    return here if here.exists() or not p.exists() else p

@@ -1,0 +1,124 @@
+"""The one gate every plan passes (MODEL.md sections 2, 3 and 9): :func:`validate_plan`.
+
+A plan is checked before it is simulated, searched from, written or executed; every error names
+the stage or rank, the action and the rule, in one line with the fix. Violations are invalid plans,
+never deadlocks (those are :mod:`umsearch.core.deps`'s).
+"""
+
+from __future__ import annotations
+
+from umsearch.core.actions import Action
+from umsearch.core.cluster import LAYOUTS
+from umsearch.core.errors import PlanError
+from umsearch.core.fields import integer
+from umsearch.core.plan import Plan
+from umsearch.core.samples import spans
+
+
+def _check_stages(plan: Plan) -> None:
+    B, R = plan.replica_batch, plan.ranks
+    D = plan.data_parallel
+    total = "global_batch" if D == 1 else f"global_batch / data_parallel = {plan.global_batch} / {D}"
+    if not plan.stages:
+        raise PlanError("plan has no stages; give at least one in 'stages'")
+    expect_lo = 0
+    for j, st in enumerate(plan.stages):
+        lo, hi = st.layers
+        if lo != expect_lo:
+            raise PlanError(
+                f"plan stages[{j}].layers starts at {lo} but the previous stage ends at {expect_lo}; "
+                "stages must tile the layers in order"
+            )
+        if hi <= lo:
+            raise PlanError(f"plan stages[{j}].layers = [{lo}, {hi}] is empty; every stage needs a layer")
+        expect_lo = hi
+        if not 0 <= st.rank < R:
+            raise PlanError(f"plan stages[{j}].rank = {st.rank} but the plan has {R} ranks (0..{R - 1})")
+        for name, seq in (("forward", st.forward), ("backward", st.backward)):
+            if sum(seq) != B:
+                raise PlanError(
+                    f"plan stages[{j}].{name} sums to {sum(seq)} but {total} is {B}; "
+                    "the microbatches of every stage must cover the batch exactly"
+                )
+        if not st.recompute and st.backward != st.forward:
+            raise PlanError(
+                f"plan stages[{j}].backward differs from its forward but the stage does not recompute; "
+                "set recompute: true or make them equal (autograd back-propagates whole forward microbatches)"
+            )
+    empty = sorted(set(range(R)) - {st.rank for st in plan.stages})
+    if empty:
+        raise PlanError(f"rank {empty[0]} holds no stage; every rank needs at least one (or lower 'ranks')")
+
+
+def _check_rank_actions(plan: Plan, r: int) -> None:
+    """MODEL.md section 3 for rank ``r``: the right actions, each once, I before W, B/I after their forwards."""
+    where: dict[Action, int] = {}
+    for pos, a in enumerate(plan.actions[r]):
+        if not 0 <= a.stage < plan.num_stages:
+            raise PlanError(f"rank {r} lists {a} but the plan has only {plan.num_stages} stages")
+        st = plan.stages[a.stage]
+        if st.rank != r:
+            raise PlanError(f"rank {r} lists {a} but stage {a.stage} is on rank {st.rank}")
+        count = len(st.forward) if a.kind == "F" else len(st.backward)
+        if a.mb >= count:
+            which = "forward" if a.kind == "F" else "backward"
+            raise PlanError(f"rank {r} lists {a} but stage {a.stage} has {count} {which} microbatches (0..{count - 1})")
+        if a in where:
+            raise PlanError(f"rank {r} lists {a} twice")
+        where[a] = pos
+    for j in plan.stages_of(r):
+        st = plan.stages[j]
+        for k in range(len(st.forward)):
+            if Action(j, "F", k) not in where:
+                raise PlanError(f"rank {r} never runs {Action(j, 'F', k)}: every forward microbatch runs once")
+        for k, held_by in enumerate(spans(st.forward, st.backward)):
+            b, i, w = Action(j, "B", k), Action(j, "I", k), Action(j, "W", k)
+            if b in where and (i in where or w in where):
+                raise PlanError(f"rank {r} lists both {b} and {i if i in where else w}: a backward runs whole or split")
+            if b not in where and (i not in where or w not in where):
+                missing = b if i not in where and w not in where else (w if i in where else i)
+                raise PlanError(f"rank {r} never runs {missing}: each backward runs as B, or as I then W")
+            first = b if b in where else i
+            if w in where and where[w] < where[i]:
+                raise PlanError(f"rank {r}: {w} comes before {i}")
+            for f in held_by:
+                if where[Action(j, "F", f)] > where[first]:
+                    raise PlanError(f"rank {r}: {first} comes before {Action(j, 'F', f)}, which holds its samples")
+
+
+def _check_replicas(plan: Plan) -> None:
+    """MODEL.md section 9: D divides B, a known layout, at least one device per node."""
+    D, B = integer(plan.data_parallel, "data_parallel", PlanError, lo=1), plan.global_batch
+    if B % D:
+        raise PlanError(f"plan field data_parallel = {D} does not divide global_batch = {B}; "
+                        "choose a data-parallel degree that divides the batch")  # fmt: skip
+    if plan.layout not in LAYOUTS:
+        raise PlanError(f"plan field layout = {plan.layout!r} is not a layout; use 'dp_inner' or 'pp_inner'")
+    if not isinstance(plan.zero1, bool):
+        raise PlanError(f"plan field zero1 must be true or false, got {plan.zero1!r}")
+    if plan.cluster is not None and plan.cluster.gpus_per_node < 1:
+        raise PlanError(f"plan field cluster.gpus_per_node = {plan.cluster.gpus_per_node} must be at least 1 "
+                        "(devices per node)")  # fmt: skip
+
+
+def validate_plan(plan: Plan, num_layers: int | None = None) -> Plan:
+    """Check MODEL.md sections 2-3 and 9; return the plan unchanged or raise :class:`PlanError`.
+
+    ``num_layers`` (from the profile or the model) is checked when given.
+    Whether the profile has the I/W split the plan uses is
+    :func:`check_profile_fits`'s question.
+    """
+    integer(plan.global_batch, "global_batch", PlanError, lo=1)
+    integer(plan.ranks, "ranks", PlanError, lo=1)
+    _check_replicas(plan)
+    _check_stages(plan)
+    if len(plan.actions) != plan.ranks:
+        raise PlanError(f"the plan has {len(plan.actions)} action lists for {plan.ranks} ranks; give one per rank")
+    for r in range(plan.ranks):
+        _check_rank_actions(plan, r)
+    if num_layers is not None and plan.num_layers != num_layers:
+        raise PlanError(
+            f"plan covers layers [0, {plan.num_layers}) but the model has {num_layers} layers; "
+            "the last stage must end at the last layer"
+        )
+    return plan
