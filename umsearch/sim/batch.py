@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, njit, prange
 
-from umsearch.core.actions import MAX_STAGES, Action
+from umsearch.core.actions import MAX_STAGES, Action, B, W
 from umsearch.core.cluster import DEFAULT_LAYOUT, Cluster, copies_span_nodes, device, ms_per_byte
 from umsearch.core.cost import CostTables
 from umsearch.core.errors import PlanError
@@ -45,6 +45,7 @@ from umsearch.sim.kernels import (
     code_mb,
     code_stage,
     finish_on,
+    first_missing,
     link_producers,
     memory_step,
     needed_ms,
@@ -466,18 +467,7 @@ def _one(  # type: ignore[no-untyped-def]
     n_f = fwd_ptr[s1] - f_base
     n_slots = n_f + bwd_ptr[s1] - b_base
     link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
-    for i in range(n_slots):
-        deliv[i] = -1.0
-        waiter[i] = -1
-    for j in range(S):
-        deliv[n_slots + j] = 0.0
-    for r in range(R):
-        pos[r] = 0
-        clock[r] = 0.0
-        level[r] = 0.0
-        mem[r0 + r] = 0.0
-        busy[r0 + r] = 0.0
-        stack[r] = R - 1 - r  # rank 0 runs first
+    _reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem[r0:r1], busy[r0:r1])
     top_of_stack = R
     remaining = act_ptr[r1] - act_ptr[r0]
     while top_of_stack > 0:
@@ -508,12 +498,8 @@ def _one(  # type: ignore[no-untyped-def]
                 sizes, size_base, edge = bwd, bwd_ptr[g + 1], l_hi - 1
             if producers >= 0:
                 d = ready_at(deliv, producers, dep_lo[slot], dep_hi[slot])
-                if d < 0.0:
-                    # Wait on the first producer that has not run; it resumes this rank.
-                    for m in range(dep_lo[slot], dep_hi[slot] + 1):
-                        if deliv[producers + m] < 0.0:
-                            waiter[producers + m] = r
-                            break
+                if d < 0.0:  # wait on the first producer that has not run; it resumes this rank
+                    waiter[first_missing(deliv, producers, dep_lo[slot], dep_hi[slot])] = r
                     break
                 start = max(start, d)
                 if cross:
@@ -521,7 +507,7 @@ def _one(  # type: ignore[no-untyped-def]
                                      msg_per_byte)  # fmt: skip
             end, to, arrival = finish_on(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
                                          link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
-            if kind & 1:  # B or W: the stage's latest backward end so far (its rank runs in order)
+            if kind == B or kind == W:  # the stage's latest backward end so far (its rank runs in order)
                 deliv[n_slots + j] = end
             if to >= 0:
                 deliv[slot] = arrival
@@ -539,8 +525,19 @@ def _one(  # type: ignore[no-untyped-def]
             clock[r] = end
             pos[r] += 1
             remaining -= 1
-    for r in range(R):
-        ends[r0 + r] = clock[r]
+    ends[r0:r1] = clock[:R]
     for g in range(s0, s1):
         mem[r0 + rank[g]] += state_factor * (param_prefix[hi[g]] - param_prefix[lo[g]])
     return remaining > 0
+
+
+@njit(cache=True)
+def _reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem, busy):  # type: ignore[no-untyped-def]
+    """A candidate's start: nothing delivered or awaited (each stage's last backward end at 0), every
+    rank at its first action with an empty clock and level, rank 0 first on the stack."""
+    deliv[:n_slots] = -1.0
+    waiter[:n_slots] = -1
+    deliv[n_slots : n_slots + S] = 0.0
+    for r in range(R):
+        pos[r], clock[r], level[r], mem[r], busy[r] = 0, 0.0, 0.0, 0.0, 0.0
+        stack[r] = R - 1 - r

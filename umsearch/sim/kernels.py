@@ -98,6 +98,15 @@ def link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi):  # type:
 
 
 @njit(cache=True)
+def first_missing(deliveries, base, first, last):  # type: ignore[no-untyped-def]
+    """The slot of the first producer of ``first..last`` (offset ``base``) not yet delivered, or -1."""
+    for m in range(first, last + 1):
+        if deliveries[base + m] < 0.0:
+            return base + m
+    return -1
+
+
+@njit(cache=True)
 def ready_at(deliveries, base, first, last):  # type: ignore[no-untyped-def]
     """The latest delivery time of producers ``first..last`` (offset ``base``), or -1 while any is
     still undelivered."""
