@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     doc: dict[str, Any] = {"schema": SCHEMA, "command": "python -m benchmarks.tune " + " ".join(argv or sys.argv[1:]),
                            "quick": a.quick, "environment": environment(), "threads_per_rank": 1, "backend": "gloo",
                            "settings": vars(a), "models": {}}  # fmt: skip
+    out = Path(a.out) / ("tune_quick.json" if a.quick else "tune.json")
     for name in names:
         spec = MODELS[name]
         with tempfile.TemporaryDirectory(prefix="umsearch-bench-") as tmp:
@@ -164,9 +165,8 @@ def main(argv: list[str] | None = None) -> None:
             sec = model_report(spec, profile, str(path), a)
         doc["models"][name] = sec
         _print(name, sec["summary"])
-    doc["wall_s"] = time.time() - t0
-    out = Path(a.out) / ("tune_quick.json" if a.quick else "tune.json")
-    write_json(out, doc)
+        doc["wall_s"] = time.time() - t0
+        write_json(out, doc)  # after every model: an interrupted run keeps what it measured
     print(f"wrote {out} in {doc['wall_s']:.0f} s", file=sys.stderr)
 
 

@@ -26,8 +26,8 @@ __version__ = "0.2.0"
 
 _EXPORTS = {
     "Profile": "core.profile", "load_profile": "core.profile", "save_profile": "core.profile",
-    "Plan": "core.plan", "Stage": "core.plan", "PlanDocument": "core.plan", "load_plan": "core.plan",
-    "save_plan": "core.plan", "validate_plan": "core.plan",
+    "Plan": "core.plan", "Stage": "core.plan", "PlanDocument": "core.plan_io", "load_plan": "core.plan_io",
+    "save_plan": "core.plan_io", "validate_plan": "core.plan_rules",
     "Action": "core.actions", "load_plan_file": "core.loader",
     "CostModel": "core.cost", "simulate": "sim.reference",
     "PEER_SCHEDULES": "core.schedules", "warmup_rule": "core.schedules",
