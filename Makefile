@@ -47,3 +47,4 @@ results/sweep/%/plan.json: search_spaces/%.toml $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find umsearch -name '*.nbi' -delete -o -name '*.nbc' -delete
