@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from tests.strategies import partitions
-from umsearch.core.plan import Plan, validate_plan
+from umsearch.core.plan import Plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.search.genome import POLICY_COUNT, Genome, Rules, repair
 
 

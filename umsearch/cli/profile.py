@@ -17,6 +17,7 @@ from umsearch.cli.console import console
 from umsearch.core.errors import ProfilingError
 from umsearch.core.fields import MAX_BYTES, MAX_INT, MAX_MS
 from umsearch.core.jsonio import write_json
+from umsearch.core.links import ONE_GPU_DEFAULT, PRESETS
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.outputs import check_output_file
 from umsearch.core.profile import (
@@ -27,7 +28,6 @@ from umsearch.core.profile import (
     profile_precision,
     save_profile,
 )
-from umsearch.measure.presets import ONE_GPU_DEFAULT, PRESETS
 from umsearch.measure.profiler import DEFAULT_REPEATS, ProfileConfig
 from umsearch.nn.precision import Precision, check_precision
 

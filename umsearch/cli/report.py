@@ -21,12 +21,13 @@ from umsearch.core.cost import CostModel
 from umsearch.core.errors import OutputError
 from umsearch.core.jsonio import write_json, write_text_atomic
 from umsearch.core.outputs import OutputFolder
-from umsearch.core.plan import PlanDocument, save_document
+from umsearch.core.plan_io import PlanDocument, save_document
 from umsearch.core.profile import Profile, file_sha256
 from umsearch.search.driver import SearchResult
 from umsearch.search.scoring import Scored
 from umsearch.search.space import SearchSpace
 from umsearch.sim.reference import simulate
+from umsearch.sim.result import SimResult
 
 PARETO_SCHEMA = "umsearch.pareto/1"
 BASELINES_SCHEMA = "umsearch.baselines/2"
@@ -74,6 +75,55 @@ def comparison_table(result: SearchResult) -> Table:
     return table
 
 
+def allreduce_overlap(sim: SimResult) -> tuple[float, float]:
+    """(all-reduce time in all, the part of it hidden behind computation): each stage's all-reduce
+    span against the times some rank computes (in the replica the simulation shows, the slowest);
+    the rest is exposed. Both 0 with one replica."""
+    busy: list[list[float]] = []
+    for start, end in sorted((a.start_ms, a.end_ms) for a in sim.records):
+        if busy and start <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], end)
+        else:
+            busy.append([start, end])
+    total = hidden = 0.0
+    for span in sim.allreduces:
+        total += span.end_ms - span.start_ms
+        hidden += sum(max(0.0, min(e, span.end_ms) - max(s, span.start_ms)) for s, e in busy)
+    return total, hidden
+
+
+def cluster_lines(result: SearchResult, space: SearchSpace, sim: SimResult) -> list[str]:
+    """report.md's cluster section: the cluster, what the search chose, the all-reduce it hid, every
+    factorization searched and every one pruned."""
+    c, plan = space.cluster, result.best.plan
+    if c is None:
+        return []
+    total, hidden = allreduce_overlap(sim)
+    share = f" ({hidden / total:.0%})" if total > 0 else ""
+    peer = best_peer(result)
+    lines = ["", "## Cluster", "",
+             f"{c.nodes} nodes x {c.gpus_per_node} GPUs = {c.devices} devices; intra-node link "
+             f"{c.intra.latency_ms:g} ms, {c.intra.bandwidth_gb_per_s:g} GB/s; inter-node {c.inter.latency_ms:g} ms, "
+             f"{c.inter.bandwidth_gb_per_s:g} GB/s.", "",
+             f"Chosen: R = {plan.ranks} pipeline ranks x D = {plan.data_parallel} replicas, layout `{plan.layout}`, "
+             f"ZeRO-1 {'on' if plan.zero1 else 'off'}. Gradient all-reduces take {total:.3f} ms in all, "
+             f"{hidden:.3f} ms{share} of it hidden behind computation; computation ends at "
+             f"{sim.compute_end_ms or 0.0:.3f} ms, the iteration at {sim.iteration_ms or 0.0:.3f} ms.",
+             "", "Best torch schedule over every factorization and layout: "
+             + (f"{peer.name} ({peer.method}), {peer.iteration_ms:.3f} ms." if peer else "none fits."),
+             "", "| factorization | umsearch ms | best peer | peer ms | searched |", "|---|---:|---|---:|---|"]  # fmt: skip
+    for o in result.factorizations:
+        um = "-" if o.umsearch_ms == float("inf") else f"{o.umsearch_ms:.3f}"
+        pn, pt = (o.peer.name, f"{o.peer.iteration_ms:.3f}") if o.peer else ("-", "-")
+        lines.append(f"| {o.factorization.label} | {um} | {pn} | {pt} | "
+                     f"{'NSGA-II + polish' if o.searched else 'screened'} |")  # fmt: skip
+    lines += ["", "`+zero1`: memory binds there, so plans may shard optimizer states (kept only on a plan that "
+              "does not fit without). Screened factorizations got the baselines and the first pass; the most "
+              "promising got NSGA-II and the polish too.", ""]  # fmt: skip
+    lines += [f"- pruned {p.factorization.label}: {p.reason}" for p in result.pruned]
+    return lines
+
+
 def summary_line(result: SearchResult) -> str:
     """One line: the plan's time, its speedup over the best peer schedule, the gap to the bound."""
     peer = best_peer(result)
@@ -95,8 +145,11 @@ def document(s: Scored, space: SearchSpace, profile: Profile, profile_path: Path
 
 def _report_md(result: SearchResult, space: SearchSpace, profile: Profile, profile_path: Path) -> str:
     rows = comparison_rows(result)
+    sim = simulate(result.best.plan, CostModel(profile, state_factor=space.state_factor))
+    plan = result.best.plan
+    shape = f"R={plan.ranks}" if space.cluster is None else f"R={plan.ranks} x D={plan.data_parallel}"
     lines = [f"# umsearch plan: {space.name}", "",
-             f"Profile `{profile_path}` ({profile.model}, {profile.device}); R={space.ranks}, "
+             f"Profile `{profile_path}` ({profile.model}, {profile.device}); {shape}, "
              f"B={space.global_batch}, memory limit {format_bytes(space.memory_limit)}, seed {space.search.seed}.", "",
              "| plan | iteration ms | umsearch speedup | peak memory | how |", "|---|---:|---:|---:|---|"]  # fmt: skip
     lines += ["| " + " | ".join([*_cells(r), r["method"]]) + " |" for r in rows]
@@ -105,9 +158,9 @@ def _report_md(result: SearchResult, space: SearchSpace, profile: Profile, profi
               f"Search: {result.generations} NSGA-II generations and local polish, {result.evaluations} plans scored "
               f"in {result.wall_s:.1f} s" + (" (interrupted)" if result.interrupted else "")
               + (" (stopped by the time budget)" if result.budget_hit else "") + ".", "",
+              *cluster_lines(result, space, sim), "",
               "## Stages of the plan", "", "| stage | rank | layers | recompute | I/W | forward | backward |",
               "|---:|---:|---|---|---|---|---|"]  # fmt: skip
-    plan = result.best.plan
     for j, st in enumerate(plan.stages):
         names = f"[{st.lo}, {st.hi}) {profile.layers[st.lo].name}..{profile.layers[st.hi - 1].name}"
         back = "same" if st.backward == st.forward else " ".join(map(str, st.backward))

@@ -24,7 +24,7 @@ from umsearch.core.data import default_space
 from umsearch.core.profile import load_profile
 from umsearch.search.driver import Progress as SearchProgress
 from umsearch.search.driver import SearchResult, run_search
-from umsearch.search.space import build_space, load_space, options
+from umsearch.search.space import build_space, cluster_values, load_space, options
 
 
 def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
@@ -40,7 +40,7 @@ def _names(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
-_TYPES: dict[str, Any] = {"int": int, "float": float, "size": str, "text": str,
+_TYPES: dict[str, Any] = {"int": int, "float": float, "size": str, "text": str, "link": str,
                           "path": click.Path(dir_okay=False)}  # fmt: skip
 
 
@@ -70,18 +70,23 @@ def space_flags(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.command("search")
 @click.argument("space_path", metavar="[SPACE.toml]", required=False, type=click.Path(dir_okay=False))
 @space_flags
+@click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False),
+              help="TOML file with a [cluster] table (nodes, gpus_per_node, intra, inter): plan R x D on all its "
+                   "devices; its keys override the space's, the --nodes/--gpus-per-node/--intra/--inter flags "
+                   "override both.")  # fmt: skip
 @click.option("--out", type=click.Path(file_okay=False),
               help="Output folder (default results/<space name>/); files of yours in it are kept.")  # fmt: skip
 @click.option("--pick", type=click.IntRange(min=0), default=0, show_default=True,
               help="Which Pareto point to write as plan.json (0: the fastest; report.md lists them).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables.")
 @click.option("--quiet", is_flag=True, help="Print only the summary line and the files written.")
-def search_command(space_path: str | None, out: str | None, pick: int, as_json: bool, quiet: bool,
-                   **flags: Any) -> None:  # fmt: skip
+def search_command(space_path: str | None, cluster_path: str | None, out: str | None, pick: int, as_json: bool,
+                   quiet: bool, **flags: Any) -> None:  # fmt: skip
     """Find the fastest plan that fits the memory limit (no arguments: the bundled default space)."""
     if space_path is None and flags.get("profile") is None:
         space_path = str(default_space())
-    values = {k: v for k, v in flags.items() if v is not None}
+    values = cluster_values(cluster_path) if cluster_path else {}
+    values.update({k: v for k, v in flags.items() if v is not None})
     space = load_space(space_path, values) if space_path else build_space(values)
     # An empty --out is a mistake, not a request for the default folder.
     folder = output_folder(Path("results") / space.name if out is None else out, space, space_path)
@@ -93,12 +98,21 @@ def search_command(space_path: str | None, out: str | None, pick: int, as_json: 
         click.echo(json.dumps({
             "iteration_ms": result.best.iteration_ms, "peak_memory_bytes": list(result.best.peak_memory_bytes),
             "lower_bound_ms": result.lower_bound_ms, "baselines": comparison_rows(result)[1:], "out": str(target),
-            "interrupted": result.interrupted, "budget_hit": result.budget_hit,
+            "interrupted": result.interrupted, "budget_hit": result.budget_hit, **_cluster_json(result),
         }))  # fmt: skip
     else:
         _print(result, space, profile, quiet, paths)
     if result.interrupted:
         sys.exit(130)
+
+
+def _cluster_json(result: SearchResult) -> dict[str, Any]:
+    """With a cluster: what the search chose and what it pruned."""
+    plan = result.best.plan
+    if not result.factorizations:
+        return {}
+    return {"ranks": plan.ranks, "data_parallel": plan.data_parallel, "layout": plan.layout, "zero1": plan.zero1,
+            "pruned": [{"factorization": p.factorization.label, "reason": p.reason} for p in result.pruned]}  # fmt: skip
 
 
 def _run(space: Any, profile: Any, quiet: bool) -> SearchResult:
@@ -126,6 +140,13 @@ def _print(result: SearchResult, space: Any, profile: Any, quiet: bool, paths: d
         for table in plan_tables(result.best.plan, sim, [lay.name for lay in profile.layers], console.width):
             console.print(table)
         console.print(comparison_table(result))
+    if result.factorizations:
+        plan = result.best.plan
+        console.print(escape(f"chose R = {plan.ranks} x D = {plan.data_parallel}, layout {plan.layout}, zero1 "
+                             f"{'on' if plan.zero1 else 'off'}; "
+                             f"{sum(o.searched for o in result.factorizations)} of {len(result.factorizations)} "
+                             f"factorizations searched, {len(result.pruned)} pruned"
+                             + (" (report.md says why)" if result.pruned else "")))  # fmt: skip
     console.print(escape(summary_line(result)))
     if result.interrupted:
         console.print("[yellow]interrupted: wrote the best plans found so far[/]")

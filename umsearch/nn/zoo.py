@@ -121,7 +121,9 @@ class Tokens(nn.Module):
         self.pos = nn.Parameter(torch.randn(tokens, width) * 0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2) + self.pos
+        # Contiguous tokens: torch's pipelining receives a stage's output into a buffer of the same
+        # strides, and gloo refuses a transposed one.
+        return self.proj(x).flatten(2).transpose(1, 2).contiguous() + self.pos
 
 
 class EncoderBlock(Block):

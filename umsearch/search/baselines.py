@@ -60,7 +60,8 @@ class Shape:
         t = self.template
         return ArrayPlan(batch=t.batch, ranks=t.ranks, cuts=np.asarray(cuts, dtype=np.int64), rank=t.rank,
                          recompute=t.recompute, fwd=t.fwd, fwd_len=t.fwd_len, bwd=t.bwd, bwd_len=t.bwd_len,
-                         act=t.act, act_len=t.act_len)  # fmt: skip
+                         act=t.act, act_len=t.act_len, replicas=t.replicas, cluster=t.cluster, layout=t.layout,
+                         zero1=t.zero1)  # fmt: skip
 
 
 def _template(peer: PeerSchedule, rules: Rules, v: int, m: int) -> ArrayPlan:
@@ -87,13 +88,15 @@ def counts(rules: Rules) -> list[int]:
             if rules.batch % m == 0 and lo <= rules.batch // m <= hi]  # fmt: skip
 
 
-def shapes(peer: PeerSchedule, rules: Rules) -> list[Shape]:
-    """Every (stage count, microbatch count) the space allows and torch accepts for ``peer``."""
+def shapes(peer: PeerSchedule, rules: Rules, stamp: Callable[[ArrayPlan], ArrayPlan] | None = None) -> list[Shape]:
+    """Every (stage count, microbatch count) the space allows and torch accepts for ``peer``;
+    ``stamp`` (:meth:`~umsearch.search.scoring.Scorer.stamp`) makes each template the plan scored."""
     out = []
     for v in rules.stages_per_rank:
         for m in counts(rules):
             if peer.accepts(rules.ranks, v, m) is None:
-                out.append(Shape(peer=peer, v=v, microbatches=m, template=_template(peer, rules, v, m)))
+                t = _template(peer, rules, v, m)
+                out.append(Shape(peer=peer, v=v, microbatches=m, template=stamp(t) if stamp else t))
     return out
 
 
@@ -125,7 +128,7 @@ def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostT
 
     Once ``stop()`` is true, partitions are no longer refined (the method says so).
     """
-    cands = shapes(peer, rules)
+    cands = shapes(peer, rules, score.stamp)
     if not cands:
         return None
     total = sum(count_cuts(rules.num_layers, rules.ranks * s.v) for s in cands)

@@ -11,7 +11,8 @@
 4. Iterated local search from the fastest distinct genomes.
 
 The result is the fastest feasible plan among everything scored, baselines
-included, so it is never slower than a baseline. Deterministic for a seed
+included, so it is never slower than a baseline. With a ``[cluster]`` the same
+steps run per factorization R x D (:mod:`~umsearch.search.over_cluster`). Deterministic for a seed
 unless the time budget cuts the search short (``budget_hit``); Ctrl-C keeps
 what was found.
 """
@@ -23,7 +24,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
@@ -34,6 +35,7 @@ from umsearch.core.plan import equal_split
 from umsearch.core.profile import Profile
 from umsearch.search.baselines import baselines, counts
 from umsearch.search.bound import lower_bound
+from umsearch.search.factorize import Placement, Pruned
 from umsearch.search.genome import POLICY_COUNT, Genome, Rules, genome_of
 from umsearch.search.local import ClimbConfig, Step, iterated_climb
 from umsearch.search.operators import (
@@ -49,6 +51,9 @@ from umsearch.search.problem import GenomeProblem
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
 
+if TYPE_CHECKING:
+    from umsearch.search.over_cluster import Outcome
+
 POLISH = ClimbConfig()
 """The local search's effort (see :class:`~umsearch.search.local.ClimbConfig`)."""
 T = TypeVar("T")
@@ -61,7 +66,8 @@ class Progress:
     """What the search reports as it goes."""
 
     phase: str
-    """``baselines``, ``first pass``, ``nsga2`` or ``polish``."""
+    """``baselines``, ``first pass``, ``nsga2`` or ``polish`` (on a cluster also ``screen``: factorizations
+    screened)."""
     done: int
     """Steps of the phase done: baselines scored, generations run, climbs finished."""
     total: int
@@ -96,6 +102,10 @@ class SearchResult:
     """Ctrl-C stopped the search early."""
     budget_hit: bool
     """The time budget stopped the search early (the result then depends on machine speed)."""
+    factorizations: tuple[Outcome, ...] = ()
+    """On a cluster: what each factorization searched found (empty without a cluster)."""
+    pruned: tuple[Pruned, ...] = ()
+    """On a cluster: the factorizations left out before searching, and why."""
 
 
 def _spread(values: list[int], n: int) -> list[int]:
@@ -155,18 +165,26 @@ BASELINE_SHARE = 0.5
 
 
 class _Run:
-    """One search's state: what it scored and found, and how it reports."""
+    """One search's state: what it scored and found, and how it reports.
 
-    def __init__(self, space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None) -> None:
+    On a cluster there is one per factorization: ``space`` is then one replica's (its ranks and
+    ``B / D``), ``placement`` makes its candidates data-parallel plans, and ``start`` / ``deadline``
+    are the factorization's share of the time budget."""
+
+    def __init__(self, space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None,
+                 placement: Placement | None = None, start: float | None = None,
+                 deadline: float | None = None) -> None:  # fmt: skip
         self.space, self.on_progress = space, on_progress
-        self.start = time.perf_counter()
-        self.deadline = self.start + space.search.time_budget_s
+        self.start = time.perf_counter() if start is None else start
+        self.deadline = self.start + space.search.time_budget_s if deadline is None else deadline
         self.rules = Rules.of(space, profile)
         self.tables = CostModel(profile, state_factor=space.state_factor).tables(self.rules.largest)
-        self.score = Scorer(self.rules, self.tables, space.memory_limit)
+        self.score = Scorer(self.rules, self.tables, space.memory_limit, placement)
         self.found: dict[Genome, tuple[float, float]] = {}  # feasible genome -> (time, memory)
         self.best_ms = math.inf
         self.generations = 0
+        self.cut = False
+        """Whether the time budget stopped some of its work (set by :meth:`over` and :meth:`baselines`)."""
 
     def report(self, phase: str, done: int, total: int) -> None:
         if self.on_progress is not None:
@@ -180,7 +198,65 @@ class _Run:
                 self.best_ms = min(self.best_ms, float(t))
 
     def over(self) -> bool:
-        return time.perf_counter() > self.deadline
+        if time.perf_counter() > self.deadline:
+            self.cut = True
+            return True
+        return False
+
+    def baselines(self, until: float) -> dict[str, Scored | None]:
+        """Every peer's best plan and the local greedy one; partitions are left unrefined past ``until``."""
+        space = self.space
+        self.report("baselines", 0, len(space.schedule.peers) + 1)
+
+        def stop() -> bool:
+            if time.perf_counter() > until:
+                self.cut = True
+            return time.perf_counter() > until
+
+        base = baselines(space, self.rules, self.score, self.tables, stop=stop,
+                         tick=lambda done, total: self.report("baselines", done, total))  # fmt: skip
+        for b in base.values():
+            if b is not None:
+                self.best_ms = min(self.best_ms, b.iteration_ms)
+        return base
+
+    def first_pass(self) -> None:
+        """Score the fixed grid of structures (:func:`first_pass`)."""
+        grid = first_pass(self.rules, self.tables)
+        self.report("first pass", 0, 1)
+        t, m = self.score.genome_times(grid)
+        self.keep(grid, t, m)
+        self.report("first pass", 1, 1)
+
+    def evolve(self, base: dict[str, Scored | None]) -> bool:
+        """NSGA-II, then the polish rounds; True if Ctrl-C stopped it."""
+        space, rules, score = self.space, self.rules, self.score
+        try:
+            if not self.over():
+                _nsga2(self, _anchors(rules, self.tables, base))
+            rng = random.Random(space.search.seed)
+            for _ in range(space.search.polish_rounds):
+                # Another round from the (new) best of each structure, while a round still improves.
+                before = self.best_ms
+                starts = self.starts(POLISH.starts)
+                for i, g in enumerate(starts):
+                    if self.over():
+                        break
+                    t0, m0 = self.found[g]
+                    iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), score, rules, rng, POLISH,
+                                   self.deadline, lambda s: self.keep([s.genome], np.array([s.iteration_ms]),
+                                                                      np.array([s.max_memory_bytes])))  # fmt: skip
+                    self.report("polish", i + 1, len(starts))
+                if self.over() or not self.best_ms < before * (1 - 1e-9):
+                    break
+        except KeyboardInterrupt:
+            return True
+        return False
+
+    def front(self) -> list[Scored]:
+        """The non-dominated genomes found, as plans (fastest first)."""
+        return [self.score.scored_genome(g, "umsearch", "order generator")
+                for g in _front(list(self.found), key=lambda g: self.found[g])]  # fmt: skip
 
     def fastest(self, n: int) -> list[Genome]:
         return [g for g, _ in sorted(self.found.items(), key=lambda kv: kv[1])[:n]]
@@ -195,47 +271,25 @@ class _Run:
 
 
 def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
-    """Search ``space``; Ctrl-C stops early and still returns the best found (see the module docstring)."""
+    """Search ``space``; Ctrl-C stops early and still returns the best found (see the module docstring).
+    With a ``[cluster]``, :func:`umsearch.search.over_cluster.search_cluster` chooses R x D too."""
     if not any(t > 0 for lay in profile.layers for t in (*lay.fwd_ms, *lay.bwd_ms)):
         raise ProfileError(f"every layer of the profile ({profile.model}) takes 0 ms at every size: there is no "
                            "time to plan; profile the model again (umsearch profile)")  # fmt: skip
+    if space.cluster is not None:
+        from umsearch.search.over_cluster import search_cluster
+
+        return search_cluster(space, profile, on_progress)
     run = _Run(space, profile, on_progress)
-    rules, score = run.rules, run.score
-    run.report("baselines", 0, len(space.schedule.peers) + 1)
     # The baselines get at most half of the budget: past it, their partitions are left unrefined
     # (only huge models get there), so the search itself still has time.
-    half = run.start + space.search.time_budget_s * BASELINE_SHARE
-    base = baselines(space, rules, score, run.tables, stop=lambda: time.perf_counter() > half,
-                     tick=lambda done, total: run.report("baselines", done, total))  # fmt: skip
-    for b in base.values():
-        if b is not None:
-            run.best_ms = min(run.best_ms, b.iteration_ms)
+    base = run.baselines(run.start + space.search.time_budget_s * BASELINE_SHARE)
     interrupted = False
     try:
-        grid = first_pass(rules, run.tables)
-        run.report("first pass", 0, 1)
-        t, m = score.genome_times(grid)
-        run.keep(grid, t, m)
-        run.report("first pass", 1, 1)
-        if not run.over():
-            _nsga2(run, _anchors(rules, run.tables, base))
-        rng = random.Random(space.search.seed)
-        for _ in range(space.search.polish_rounds):
-            # Another round from the (new) best of each structure, while a round still improves.
-            before = run.best_ms
-            starts = run.starts(POLISH.starts)
-            for i, g in enumerate(starts):
-                if run.over():
-                    break
-                t0, m0 = run.found[g]
-                iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), score, rules, rng, POLISH,
-                               run.deadline, lambda s: run.keep([s.genome], np.array([s.iteration_ms]),
-                                                                np.array([s.max_memory_bytes])))  # fmt: skip
-                run.report("polish", i + 1, len(starts))
-            if run.over() or not run.best_ms < before * (1 - 1e-9):
-                break
+        run.first_pass()
     except KeyboardInterrupt:
         interrupted = True
+    interrupted = interrupted or run.evolve(base)
     return _result(run, base, interrupted)
 
 
@@ -263,9 +317,7 @@ def _nsga2(run: _Run, anchors: Anchors) -> None:
 def _result(run: _Run, base: dict[str, Scored | None], interrupted: bool) -> SearchResult:
     space, score = run.space, run.score
     budget_hit = run.over()
-    items = [b for b in base.values() if b is not None]
-    for g in _front(list(run.found), key=lambda g: run.found[g]):
-        items.append(score.scored_genome(g, "umsearch", "order generator"))
+    items = [b for b in base.values() if b is not None] + run.front()
     ok = [s for s in items if np.isfinite(s.iteration_ms) and s.max_memory <= space.memory_limit]
     pareto = _front(ok, key=lambda s: (s.iteration_ms, s.max_memory))
     if not pareto:

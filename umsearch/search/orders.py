@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -152,19 +153,20 @@ class Generated:
     packed: PackedGenomes
     """What was generated from (for reading a candidate's lists back out)."""
 
-    def array_plan(self, g: Genome, rules: Rules, c: int) -> ArrayPlan:
-        """Candidate ``c`` (genome ``g``) with its generated lists, as an array plan."""
+    def array_plan(self, g: Genome, rules: Rules, c: int, **replicas: Any) -> ArrayPlan:
+        """Candidate ``c`` (genome ``g``) with its generated lists, as an array plan; ``replicas``:
+        the data-parallel fields (MODEL.md 9; ``batch`` then the global batch), if any."""
         p = self.packed
         r0, r1 = p.rank_ptr[c], p.rank_ptr[c + 1]
         return ArrayPlan(
-            batch=rules.batch, ranks=rules.ranks, cuts=np.asarray(g.cuts, dtype=np.int64),
+            batch=replicas.pop("batch", rules.batch), ranks=rules.ranks, cuts=np.asarray(g.cuts, dtype=np.int64),
             rank=p.rank[p.stage_ptr[c] : p.stage_ptr[c + 1]].copy(),
             recompute=np.asarray(g.recompute, dtype=np.bool_),
             fwd=p.fwd[p.fwd_ptr[p.stage_ptr[c]] : p.fwd_ptr[p.stage_ptr[c + 1]]].copy(),
             fwd_len=np.diff(p.fwd_ptr[p.stage_ptr[c] : p.stage_ptr[c + 1] + 1]),
             bwd=p.bwd[p.bwd_ptr[p.stage_ptr[c]] : p.bwd_ptr[p.stage_ptr[c + 1]]].copy(),
             bwd_len=np.diff(p.bwd_ptr[p.stage_ptr[c] : p.stage_ptr[c + 1] + 1]),
-            act=self.act[p.act_ptr[r0] : p.act_ptr[r1]].copy(), act_len=np.diff(p.act_ptr[r0 : r1 + 1]),
+            act=self.act[p.act_ptr[r0] : p.act_ptr[r1]].copy(), act_len=np.diff(p.act_ptr[r0 : r1 + 1]), **replicas,
         )  # fmt: skip
 
     def ranks_of(self, c: int, values: FloatArray) -> FloatArray:

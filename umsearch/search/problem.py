@@ -23,8 +23,8 @@ class GenomeProblem(Problem):
         self.score = score
 
     def _evaluate(self, x: np.ndarray, out: dict[str, Any], *args: Any, **kwargs: Any) -> None:
-        gen = self.score.genomes([row[0] for row in x])
+        t, mem = self.score.genome_objectives([row[0] for row in x])
         limit = self.score.memory_limit
-        mem = np.minimum(gen.max_memory_bytes, INFEASIBLE_MS)
-        out["F"] = np.column_stack([np.minimum(gen.iteration_ms, INFEASIBLE_MS), mem])
+        mem = np.minimum(mem, INFEASIBLE_MS)
+        out["F"] = np.column_stack([np.minimum(t, INFEASIBLE_MS), mem])
         out["G"] = ((mem - limit) / limit)[:, None]

@@ -1,8 +1,8 @@
 """The search space: what to search, read from TOML (``search_spaces/*.toml``) and CLI flags.
 
 One keyword-only dataclass per TOML table (:class:`MicrobatchTable`,
-:class:`ScheduleTable`, :class:`SearchTable`) and :class:`SearchSpace` for the
-top level. Each field's metadata (:func:`option`) is the one home of its
+:class:`ScheduleTable`, :class:`SearchTable`, the optional :class:`ClusterTable`)
+and :class:`SearchSpace` for the top level. Each field's metadata (:func:`option`) is the one home of its
 documentation, bounds and choices: the CLI builds ``umsearch search``'s flags
 from it and ``search_spaces/README.md``'s table is :func:`markdown_table`
 (a test holds them equal). Unknown keys and bad values raise
@@ -19,7 +19,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from umsearch.core.cluster import Cluster
 from umsearch.core.errors import SearchSpaceError
+from umsearch.core.links import PRESETS
+from umsearch.core.profile import Link
 from umsearch.core.schedules import PEER_SCHEDULES
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -47,7 +50,7 @@ def parse_bytes(value: Any, key: str = "memory_limit") -> float:
     raise SearchSpaceError(f"{key} = {value!r} is not a size; write e.g. '80GiB', '16GB' or a byte count")
 
 
-Kind = Literal["text", "path", "int", "float", "size", "bool", "choice", "ints", "names"]
+Kind = Literal["text", "path", "int", "float", "size", "bool", "choice", "ints", "names", "link"]
 
 
 def option(help: str, *, dest: str, kind: Kind, bounds: tuple[float, float] | None = None,
@@ -121,6 +124,41 @@ class SearchTable:
         bounds=(0, 2**32 - 1)))  # fmt: skip
 
 
+MAX_DEVICES = 1 << 20
+"""Most devices (nodes x GPUs per node) a cluster search plans for."""
+_PRESET_NAMES = ", ".join(f"`{n}`" for n in PRESETS)
+_LINK_HELP = ("`{latency_ms, bandwidth_gb_per_s}` (ms, GB/s) or a preset name: " + _PRESET_NAMES
+              + "; on the command line `LATENCY_MS,GB_PER_S` or a preset name")  # fmt: skip
+_NO_LINK = Link(latency_ms=0.0, bandwidth_gb_per_s=1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterTable:
+    """``[cluster]`` (optional): plan data-parallel replicas of the pipeline on every device of a
+    two-tier cluster (MODEL.md section 9); the search chooses the pipeline's ranks R, the replicas
+    D (R x D = nodes x gpus_per_node), the layout and ZeRO-1."""
+
+    nodes: int = field(default=1, metadata=option("nodes of the cluster", dest="nodes", kind="int",
+                                                  bounds=(1, MAX_DEVICES), default_doc="required"))  # fmt: skip
+    gpus_per_node: int = field(default=1, metadata=option("devices per node", dest="gpus_per_node", kind="int",
+                                                          bounds=(1, 4096), default_doc="required"))  # fmt: skip
+    intra: Link = field(default=_NO_LINK, metadata=option(
+        "link between two devices of one node: " + _LINK_HELP, dest="intra", kind="link",
+        default_doc="required"))  # fmt: skip
+    inter: Link = field(default=_NO_LINK, metadata=option(
+        "link between devices of different nodes (same forms as `intra`)", dest="inter", kind="link",
+        default_doc="required"))  # fmt: skip
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def cluster(self) -> Cluster:
+        """The plan field ``cluster`` (MODEL.md section 9)."""
+        return Cluster(gpus_per_node=self.gpus_per_node, intra=self.intra, inter=self.inter)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchSpace:
     """Everything one search needs: the top-level keys of a space TOML and one table per section."""
@@ -130,8 +168,9 @@ class SearchSpace:
     profile: str = field(metadata=option("`umsearch.profile/2` (or `/1`) JSON; in a TOML, relative to its folder",
                                          dest="profile", kind="path", default_doc="required"))  # fmt: skip
     ranks: int = field(metadata=option(
-        "pipeline devices R (`stages` is accepted as an alias: version 1 called the devices stages)", dest="ranks",
-        kind="int", bounds=(1, MAX_RANKS), default_doc="required"))  # fmt: skip
+        "pipeline devices R (`stages` is accepted as an alias: version 1 called the devices stages); with a "
+        "`[cluster]`, optional: it fixes R, else the search chooses", dest="ranks", kind="int",
+        bounds=(1, MAX_RANKS), default_doc="required"))  # fmt: skip
     global_batch: int = field(metadata=option("samples per iteration B", dest="global_batch", kind="int",
                                               bounds=(1, MAX_BATCH), flag="--batch", default_doc="required"))  # fmt: skip
     memory_limit: float = field(default=float(80 * 2**30), metadata=option(
@@ -146,6 +185,8 @@ class SearchSpace:
     """``[schedule]``."""
     search: SearchTable = field(default_factory=SearchTable)
     """``[search]``."""
+    cluster: ClusterTable | None = None
+    """``[cluster]``: None plans one pipeline on ``ranks`` devices."""
 
     @property
     def microbatch_sizes(self) -> list[int]:
@@ -162,12 +203,17 @@ class SearchSpace:
 
         out: dict[str, Any] = {}
         for table, f in _ENTRIES:
-            value = plain(getattr(getattr(self, table) if table else self, f.name))
+            holder = getattr(self, table) if table else self
+            if holder is None:  # no [cluster]
+                continue
+            value = plain(getattr(holder, f.name))
+            if isinstance(value, Link):
+                value = {"latency_ms": value.latency_ms, "bandwidth_gb_per_s": value.bandwidth_gb_per_s}
             (out.setdefault(table, {}) if table else out)[f.name] = value
         return out
 
 
-TABLES = {"microbatch": MicrobatchTable, "schedule": ScheduleTable, "search": SearchTable}
+TABLES = {"microbatch": MicrobatchTable, "schedule": ScheduleTable, "search": SearchTable, "cluster": ClusterTable}
 """The TOML tables of a space, by name."""
 
 
@@ -256,6 +302,8 @@ def _value(table: str, f: Any, v: Any) -> Any:
         return _int_list(key, v, bounds)
     if kind == "names":
         return _names(key, v, o["choices"])
+    if kind == "link":
+        return parse_link(v, key)
     if not isinstance(v, str):
         raise SearchSpaceError(f"{key} = {v!r}: must be a {'path ' if kind == 'path' else ''}string")
     return v
@@ -288,6 +336,33 @@ def _names(key: str, v: Any, choices: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def parse_link(value: Any, key: str = "cluster.intra") -> Link:
+    """A link: ``{latency_ms, bandwidth_gb_per_s}``, a preset name (``nvlink4``, ``ib-ndr``, ...) or
+    ``"LATENCY_MS,GB_PER_S"`` (the CLI's form); :class:`SearchSpaceError` names the key and the fix."""
+    fix = (f"write {key} = {{latency_ms = 0.005, bandwidth_gb_per_s = 300}} or a preset name "
+           f"({', '.join(PRESETS)})")  # fmt: skip
+    if isinstance(value, str):
+        if value in PRESETS:
+            p = PRESETS[value]
+            return Link(latency_ms=p.latency_ms, bandwidth_gb_per_s=p.bandwidth_gb_per_s)
+        parts = value.split(",")
+        try:
+            value = {"latency_ms": float(parts[0]), "bandwidth_gb_per_s": float(parts[1])} if len(parts) == 2 else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise SearchSpaceError(f"{key} = {parts[0] if len(parts) == 1 else ','.join(parts)!r} is no link; {fix}")
+    if not isinstance(value, dict):
+        raise SearchSpaceError(f"{key} = {value!r} is no link; {fix}")
+    extra = sorted(set(value) - {"latency_ms", "bandwidth_gb_per_s"})
+    if extra or len(value) != 2:
+        raise SearchSpaceError(f"{key} has keys {sorted(value)}; give exactly latency_ms and bandwidth_gb_per_s")
+    lat, bw = value["latency_ms"], value["bandwidth_gb_per_s"]
+    if isinstance(lat, bool) or not isinstance(lat, int | float) or not math.isfinite(lat) or not 0 <= lat <= 1e6:
+        raise SearchSpaceError(f"{key}.latency_ms = {lat!r}: must be a finite number from 0 to 1e6 (ms)")
+    return Link(latency_ms=float(lat), bandwidth_gb_per_s=_positive(f"{key}.bandwidth_gb_per_s", bw, 1e9))
+
+
 def _bool(key: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise SearchSpaceError(f"{key} = {v!r}: use true or false")
@@ -310,10 +385,12 @@ def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchS
     unknown = sorted(set(v) - set(_BY_DEST))
     if unknown:
         raise SearchSpaceError(f"unknown search space value {unknown[0]!r}; known: {', '.join(sorted(_BY_DEST))}")
-    for required in ("profile", "ranks", "global_batch"):
+    in_cluster = sorted(f.metadata["dest"] for f in fields(ClusterTable) if f.metadata["dest"] in v)
+    for required in ("profile", "global_batch") if in_cluster else ("profile", "ranks", "global_batch"):
         if v.get(required) is None:
             flag = {"global_batch": "batch"}.get(required, required)
             raise SearchSpaceError(f"search space needs {required!r}; set it in the TOML or pass --{flag}")
+    _cluster_complete(in_cluster)
     checked = {dest: _value(*_BY_DEST[dest], value) for dest, value in v.items()}
     checked.setdefault("name", Path(checked["profile"]).stem)
     if not _NAME.fullmatch(checked["name"]) or ".." in checked["name"]:
@@ -325,7 +402,11 @@ def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchS
     for dest, value in checked.items():
         table, f = _BY_DEST[dest]
         parts[table][f.name] = value
-    space = SearchSpace(**parts[""], **{t: cls(**parts[t]) for t, cls in TABLES.items()})
+    parts[""].setdefault("ranks", 0)  # with a [cluster] and no ranks, the search chooses R
+    tables = {t: cls(**parts[t]) for t, cls in TABLES.items() if t != "cluster" or parts[t]}
+    space = SearchSpace(**parts[""], **tables)
+    if space.cluster is not None:
+        _check_cluster(space.cluster, space.ranks)
     if not space.microbatch_sizes:
         mb = space.microbatch
         raise SearchSpaceError(
@@ -333,6 +414,41 @@ def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchS
             f"global_batch={space.global_batch}; widen [microbatch]"
         )
     return space
+
+
+def _cluster_complete(given: list[str]) -> None:
+    """A ``[cluster]`` names all its keys or none."""
+    keys = [f.name for f in fields(ClusterTable)]
+    missing = [k for k in keys if k not in given]
+    if given and missing:
+        example = {"nodes": "2", "gpus_per_node": "8", "intra": "'nvlink4'", "inter": "'ib-ndr'"}[missing[0]]
+        raise SearchSpaceError(f"[cluster] needs {missing[0]!r} (it has {', '.join(given)}); add "
+                               f"{missing[0]} = {example} to the table or pass --{missing[0].replace('_', '-')}")  # fmt: skip
+
+
+def _check_cluster(c: ClusterTable, ranks: int) -> None:
+    if c.devices > MAX_DEVICES:
+        raise SearchSpaceError(f"cluster.nodes x cluster.gpus_per_node = {c.nodes} x {c.gpus_per_node} = "
+                               f"{c.devices} devices; plan for at most {MAX_DEVICES}")  # fmt: skip
+    if ranks and c.devices % ranks:
+        raise SearchSpaceError(f"ranks = {ranks} does not divide the cluster's {c.devices} devices; give a "
+                               "divisor of nodes x gpus_per_node, or leave ranks out and let the search choose")  # fmt: skip
+
+
+def cluster_values(path: str | Path) -> dict[str, Any]:
+    """The ``[cluster]`` table of a TOML file (``umsearch search --cluster C.toml``) as flat values
+    for :func:`build_space` / :func:`load_space`'s overrides."""
+    from umsearch.core.jsonio import read_toml
+
+    p = Path(path)
+    doc = read_toml(p, "cluster file", SearchSpaceError)
+    if set(doc) != {"cluster"} or not isinstance(doc["cluster"], dict):
+        raise SearchSpaceError(f"{p}: a cluster file holds one [cluster] table (nodes, gpus_per_node, intra, inter); "
+                               f"it has {', '.join(sorted(doc)) or 'nothing'}")  # fmt: skip
+    try:
+        return _flatten(doc)
+    except SearchSpaceError as exc:
+        raise SearchSpaceError(f"{p}: {exc}") from None
 
 
 def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> SearchSpace:

@@ -1,8 +1,5 @@
-"""Named links for ``umsearch profile --link-preset``: the interconnect stated, not measured.
-
-One GPU cannot measure a link (a link needs two ends), and a single node
-cannot measure the inter-node fabric its cluster will use; so the profile takes
-the link as stated numbers and records that it did (``link_source``).
+"""Named links: an interconnect stated by name, not measured (``umsearch profile --link-preset``,
+the ``intra`` / ``inter`` links of a search space's ``[cluster]`` table).
 
 Bandwidths are the vendor's peak per direction for one GPU's share of the
 fabric, in GB/s (1e9 bytes), taken from the spec sheets named below. They are
@@ -10,9 +7,7 @@ upper bounds: NCCL point-to-point transfers reach less, so a prediction made
 with them is optimistic on communication. Latencies are not on spec sheets;
 they are the order of magnitude of a small NCCL point-to-point message on such a
 link (a few microseconds inside a node, a few tens across InfiniBand), given so
-that the model charges one per message. Measure the real link with two GPUs
-(``umsearch profile --device cuda`` on a machine with two or more) where the
-numbers matter.
+that the model charges one per message.
 """
 
 from __future__ import annotations

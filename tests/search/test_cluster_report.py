@@ -1,0 +1,40 @@
+"""The cluster search's report and CLI: hidden all-reduce time, and --cluster FILE."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.helpers import run_cli
+from tests.contract import example8, example8_profile
+from umsearch.cli.report import allreduce_overlap
+from umsearch.core.cost import CostModel
+from umsearch.sim.reference import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("layout,total,hidden", [("dp_inner", 6.0, 1.98), ("pp_inner", 44.0, 4.0)])
+def test_hidden_allreduce_is_the_part_overlapping_computation(layout: str, total: float, hidden: float) -> None:
+    """MODEL.md 8.8: dp_inner's all-reduces run 15.02-18.02 (rank 0 computes from 16.04) and 20.04-23.04
+    (after every action): 6 ms, 1.98 ms of it hidden."""
+    sim = simulate(example8(layout), CostModel(example8_profile()))
+    assert allreduce_overlap(sim) == (pytest.approx(total), pytest.approx(hidden))
+
+
+def test_search_with_a_cluster_file_writes_a_data_parallel_plan(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    c = tmp_path / "c.toml"
+    c.write_text("[cluster]\nnodes = 2\ngpus_per_node = 2\nintra = 'nvlink4'\ninter = 'ib-ndr'\n")
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(capsys, "search", str(ROOT / "search_spaces" / "gpt_cpu.toml"), "--cluster", str(c),
+                                "--ranks", "2", "--batch", "8", "--population", "8", "--generations", "1", "--peers",
+                                "1F1B", "--out", str(out), "--json")  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    plan = json.loads((out / "plan.json").read_text())
+    assert (summary["ranks"], summary["data_parallel"], plan["ranks"], plan["data_parallel"]) == (2, 2, 2, 2)
+    assert plan["cluster"]["gpus_per_node"] == 2 and plan["cluster"]["inter"]["bandwidth_gb_per_s"] == 50.0
+    assert "## Cluster" in (out / "report.md").read_text()

@@ -1,0 +1,184 @@
+"""Search over a cluster: choose R x D, the layout and ZeRO-1, and within that everything else.
+
+1. **Factorizations** (:mod:`~umsearch.search.factorize`): every R dividing the
+   devices, both layouts where they differ; pruned before any search when R
+   exceeds the layers, D does not divide B, the smallest possible stage does
+   not fit (even with ZeRO-1) or the replica's batch breaks the space's
+   microbatch rules.
+2. **Screen**: each factorization gets an equal share of the baselines'
+   budget for every peer schedule at its best count and partition (every
+   replica runs it; the all-reduces included) and the first pass of the
+   single-pipeline search, all scored exactly by the evaluator.
+3. **Search**: the :data:`SEARCHED` most promising factorizations (by the
+   fastest plan screening found) get NSGA-II and the polish, each an equal
+   share of the time left.
+4. ZeRO-1 stays only on plans that do not fit without it.
+
+Deterministic for a seed unless the time budget cuts something short.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from umsearch.core.cost import CostModel, CostTables
+from umsearch.core.errors import NoFeasiblePlanError, SearchSpaceError
+from umsearch.core.profile import Profile
+from umsearch.search.bound import lower_bound
+from umsearch.search.driver import BASELINE_SHARE, Progress, SearchResult, _front, _Run
+from umsearch.search.factorize import Factorization, Memory, Placement, Pruned, factorizations
+from umsearch.search.genome import Rules
+from umsearch.search.scoring import Scored
+from umsearch.search.space import MAX_RANKS, SearchSpace
+from umsearch.sim.batch import encode, evaluate, pack
+
+SEARCHED = 3
+"""Factorizations that get NSGA-II and the polish after screening (the fastest screened ones)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What the search found for one factorization."""
+
+    factorization: Factorization
+    umsearch_ms: float
+    """Fastest feasible searched plan (inf: none)."""
+    peer: Scored | None
+    """Fastest feasible torch schedule on it (None: none fits)."""
+    searched: bool
+    """Whether it got NSGA-II and the polish (else screening only)."""
+    evaluations: int
+    """Candidates it scored."""
+
+
+def memory_of(space: SearchSpace, profile: Profile) -> Memory:
+    """What pruning needs of the profile and the space."""
+    return Memory(param_bytes=tuple(lay.param_bytes for lay in profile.layers),
+                  stash_bytes=tuple(lay.stash_bytes for lay in profile.layers),
+                  state_factor=space.state_factor, limit=space.memory_limit)  # fmt: skip
+
+
+def replica_space(space: SearchSpace, f: Factorization) -> SearchSpace:
+    """The single-pipeline space of one replica: ``R`` ranks, ``B / D`` samples, no cluster."""
+    return replace(space, ranks=f.ranks, global_batch=space.global_batch // f.replicas, cluster=None)
+
+
+def plan_factorizations(space: SearchSpace, profile: Profile) -> tuple[list[Factorization], list[Pruned]]:
+    """:func:`~umsearch.search.factorize.factorizations` for the space, plus those whose replica batch
+    the space's microbatch rules cannot split (pruned with the rules' own message)."""
+    c = space.cluster
+    assert c is not None
+    keep, pruned = factorizations(c.devices, space.global_batch, profile.num_layers, c.cluster,
+                                  memory_of(space, profile), max_ranks=MAX_RANKS, ranks=space.ranks)  # fmt: skip
+    ok = []
+    for f in keep:
+        try:
+            Rules.of(replica_space(space, f), profile)
+        except SearchSpaceError as exc:
+            pruned.append(Pruned(factorization=f, reason=str(exc)))
+            continue
+        ok.append(f)
+    return ok, pruned
+
+
+def search_cluster(space: SearchSpace, profile: Profile,
+                   on_progress: Callable[[Progress], None] | None = None) -> SearchResult:  # fmt: skip
+    """Search every factorization of ``space.cluster`` worth it (see the module docstring)."""
+    assert space.cluster is not None
+    start = time.perf_counter()
+    deadline = start + space.search.time_budget_s
+    keep, pruned = plan_factorizations(space, profile)
+    if not keep:
+        why = "; ".join(f"{p.factorization.label}: {p.reason}" for p in pruned[:3])
+        raise NoFeasiblePlanError(f"no factorization of the cluster's {space.cluster.devices} devices can hold the "
+                                  f"model ({why}); raise memory_limit, add nodes or allow recompute")  # fmt: skip
+    runs, bases = [], []
+    searched: set[int] = set()
+    interrupted = False
+    share = space.search.time_budget_s * BASELINE_SHARE / len(keep)
+    try:
+        for i, f in enumerate(keep):
+            run = _Run(replica_space(space, f), profile, on_progress,
+                       Placement(factorization=f, cluster=space.cluster.cluster, batch=space.global_batch),
+                       start=start, deadline=deadline)  # fmt: skip
+            base = run.baselines(time.perf_counter() + share)
+            runs.append(run)
+            bases.append(base)
+            run.first_pass()
+            run.report("screen", i + 1, len(keep))
+        order = sorted(range(len(runs)), key=lambda i: (_screened_ms(runs[i], bases[i]), i))[:SEARCHED]
+        for k, i in enumerate(order):
+            now = time.perf_counter()
+            runs[i].deadline = now + max(0.0, deadline - now) / (len(order) - k)
+            searched.add(i)
+            if runs[i].evolve(bases[i]):
+                interrupted = True
+                break
+    except KeyboardInterrupt:
+        if not runs:  # nothing scored yet: as a search stopped during its baselines
+            raise
+        interrupted = True
+    return _merge(space, profile, keep[: len(runs)], runs, bases, searched, pruned, start, interrupted)
+
+
+def _screened_ms(run: _Run, base: dict[str, Scored | None]) -> float:
+    return min([run.best_ms, *(b.iteration_ms for b in base.values() if b is not None)])
+
+
+def unshard(s: Scored, tables: CostTables, limit: float) -> Scored:
+    """``s`` without ZeRO-1 where it fits without (ZeRO-1 changes memory only, MODEL.md 9); ``tables``
+    cover the plan's largest microbatch."""
+    if not s.plan.zero1:
+        return s
+    plan = replace(s.plan, zero1=False)
+    res = evaluate(pack([encode(plan)]), tables)
+    if not res.max_memory_bytes[0] <= limit:
+        return s
+    return replace(s, plan=plan, peak_memory_bytes=tuple(float(v) for v in res.ranks_of(0, res.peak_memory_bytes)))
+
+
+def _best_peers(fs: list[Factorization], bases: list[dict[str, Scored | None]]) -> dict[str, Scored | None]:
+    """Each baseline's fastest plan over every factorization, its method naming the factorization."""
+    out: dict[str, Scored | None] = {}
+    for f, base in zip(fs, bases, strict=True):
+        for name, b in base.items():
+            old = out.get(name)
+            if b is not None and (old is None or b.iteration_ms < old.iteration_ms):
+                out[name] = replace(b, method=f"{f.label}: {b.method}")
+            else:
+                out.setdefault(name, None)
+    return out
+
+
+def _merge(space: SearchSpace, profile: Profile, fs: list[Factorization], runs: list[_Run],
+           bases: list[dict[str, Scored | None]], searched: set[int], pruned: list[Pruned], start: float,
+           interrupted: bool) -> SearchResult:  # fmt: skip
+    tables = CostModel(profile, state_factor=space.state_factor).tables(max(r.rules.largest for r in runs))
+    limit = space.memory_limit
+    outcomes, items = [], []
+    for i, (f, run, base) in enumerate(zip(fs, runs, bases, strict=True)):
+        front = run.front()
+        items += front
+        best_peer = min((b for n, b in base.items() if b is not None and n != "local greedy"),
+                        key=lambda b: b.iteration_ms, default=None)  # fmt: skip
+        outcomes.append(Outcome(factorization=f, umsearch_ms=min((s.iteration_ms for s in front), default=math.inf),
+                                peer=best_peer, searched=i in searched, evaluations=run.score.count))  # fmt: skip
+    peers = {n: None if b is None else unshard(b, tables, limit) for n, b in _best_peers(fs, bases).items()}
+    items += [b for b in peers.values() if b is not None]
+    ok = [unshard(s, tables, limit) for s in items if np.isfinite(s.iteration_ms) and s.max_memory <= limit]
+    pareto = _front(ok, key=lambda s: (s.iteration_ms, s.max_memory))
+    if not pareto:
+        raise NoFeasiblePlanError(f"no plan fits memory_limit = {limit:.0f} bytes on any factorization of the "
+                                  "cluster; raise the limit, add nodes or allow recompute")  # fmt: skip
+    bound = min(lower_bound(run.score.placement.bound_tables(run.tables), run.rules)  # type: ignore[union-attr]
+                for run in runs)  # fmt: skip
+    return SearchResult(best=pareto[0], pareto=pareto, baselines=peers, lower_bound_ms=bound,
+                        generations=sum(r.generations for r in runs), evaluations=sum(r.score.count for r in runs),
+                        wall_s=time.perf_counter() - start, interrupted=interrupted,
+                        budget_hit=any(r.cut for r in runs), factorizations=tuple(outcomes),
+                        pruned=tuple(pruned))  # fmt: skip
