@@ -214,7 +214,7 @@ def _generate_all(  # type: ignore[no-untyped-def]
         dep_lo = np.empty(max_s, np.int64)
         dep_hi = np.empty(max_s, np.int64)
         deliv = np.empty(max_s)
-        link = np.empty((max_r, max_r))
+        link = np.empty((max_r, max_r, 3))  # per directed rank pair: last arrival, latency, ms per byte
         rint = np.empty((RANK_INT_ROWS, max_r + 1), np.int64)
         rflt = np.empty((RANK_FLOAT_ROWS, max_r))
         local = np.empty(max_g, np.int64)
@@ -333,7 +333,7 @@ def _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param
         rflt[BUDGET, r] = memory_limit - state
         mem[r0 + r], busy[r0 + r] = 0.0, 0.0
     rint[LOCAL, R] = n_loc
-    link[:R, :R] = 0.0
+    link[:R, :R, 0] = 0.0
     for g in range(S):
         gg = s0 + g
         stash_in[g] = memory_step(0, recompute[gg], 1, lo[gg], hi[gg], input_bytes, out_bytes, stash_prefix)[0]
@@ -357,6 +357,7 @@ def _generate_one(  # type: ignore[no-untyped-def]
     stash_in = np.empty(S)  # bytes a forward adds per sample (MODEL.md 5)
     _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param_prefix, input_bytes, state_factor,
            memory_limit, n_f + bwd_ptr[s1] - b_base, deliv, local, ints, rint, rflt, stash_in, mem, busy, link)  # fmt: skip
+    link[:R, :R, 1], link[:R, :R, 2] = latency, ms_per_byte  # one link between any two ranks
     remaining = act_ptr[r1] - act_ptr[r0]
     while remaining > 0:
         r = _next_rank(rint, rflt, act_ptr, r0, R)
@@ -408,8 +409,7 @@ def _generate_one(  # type: ignore[no-untyped-def]
                 need = needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh, msg_per_byte)
         l_lo, l_hi = lo[gg], hi[gg]
         end, to, arrival = finish(kind, g, gg, S, r, start, size, l_lo, l_hi, recompute[gg], scale[gg], need, rank,
-                                  link, times, out_bytes, latency, ms_per_byte, op_oh, msg_oh,
-                                  msg_per_byte)  # fmt: skip
+                                  link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
         if to >= 0:
             deliv[slot] = arrival
             dst = rank[to]

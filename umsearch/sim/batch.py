@@ -44,7 +44,7 @@ from umsearch.sim.kernels import (
     code_kind,
     code_mb,
     code_stage,
-    finish_on,
+    finish,
     first_missing,
     link_producers,
     memory_step,
@@ -505,7 +505,7 @@ def _one(  # type: ignore[no-untyped-def]
                 if cross:
                     need = needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh,
                                      msg_per_byte)  # fmt: skip
-            end, to, arrival = finish_on(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
+            end, to, arrival = finish(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
                                          link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
             if kind == B or kind == W:  # the stage's latest backward end so far (its rank runs in order)
                 deliv[n_slots + j] = end

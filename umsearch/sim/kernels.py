@@ -121,35 +121,13 @@ def ready_at(deliveries, base, first, last):  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, scale, need_ms, rank, link, times, out_bytes,  # type: ignore[no-untyped-def]
-           latency, ms_per_byte, op_oh, msg_oh, msg_per_byte):  # fmt: skip
+           op_oh, msg_oh, msg_per_byte):  # fmt: skip
     """MODEL.md section 4 for one action of stage ``j`` (global index ``g``, layer-time factor
     ``scale``) on rank ``r`` starting at ``start``, charged ``need_ms`` for the messages it received
     (:func:`needed_ms`): ``(end, to, arrival)``, ``to`` the stage its output goes to (-1: none) and
-    ``arrival`` when it is there; a cross-rank message takes the link ``link[r, rank[to]]`` after its
-    previous message (updated here)."""
-    dur = compute_ms(kind, size, l_lo, l_hi, rec, scale, times)
-    step = FEEDS[kind]
-    to = g + step if step != 0 and 0 <= j + step < S else -1
-    sends = to >= 0 and rank[to] != rank[g]
-    edge = l_hi - 1 if kind == 0 else l_lo - 1
-    sent_ms = message_ms(1, size, out_bytes[edge], msg_oh, msg_per_byte) if sends else 0.0
-    end = start + dur + op_oh + need_ms + sent_ms
-    arrival = end
-    if sends:
-        dst = rank[to]
-        arrival = max(end, link[r, dst]) + transfer_ms(size, edge, out_bytes, latency, ms_per_byte)
-        link[r, dst] = arrival
-    return end, to, arrival
-
-
-@njit(cache=True)
-def finish_on(kind, j, g, S, r, start, size, l_lo, l_hi, rec, scale, need_ms, rank, link, times, out_bytes,  # type: ignore[no-untyped-def]
-              op_oh, msg_oh, msg_per_byte):  # fmt: skip
-    """:func:`finish` with a link of its own per directed rank pair (MODEL.md section 9): ``link[r, q]``
-    is ``(arrival of its last message, latency ms, ms per byte)``.
-
-    (It repeats :func:`finish`'s first lines on purpose: a shared helper returning them as a tuple
-    made the batch evaluator about a quarter slower.)"""
+    ``arrival`` when it is there. ``link[r, q]`` is ``(arrival of its last message, latency ms, ms per
+    byte)`` of the directed link from rank r to q (its own per pair on a cluster, MODEL.md 9); a
+    cross-rank message takes it after its previous message (the arrival is updated here)."""
     dur = compute_ms(kind, size, l_lo, l_hi, rec, scale, times)
     step = FEEDS[kind]
     to = g + step if step != 0 and 0 <= j + step < S else -1
