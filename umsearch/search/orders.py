@@ -38,18 +38,8 @@ from numba import get_num_threads, njit, prange
 from umsearch.core.actions import F, I, W
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
-from umsearch.sim.batch import ArrayPlan, offsets
-from umsearch.sim.kernels import (
-    action_code,
-    finish,
-    link_producers,
-    memory_step,
-    needed_ms,
-    ready_at,
-)
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
+from umsearch.sim import kernels
+from umsearch.sim.batch import ArrayPlan, FloatArray, IntArray, offsets
 
 POLICIES = {
     0: "backwards first (deepest stage first), then forwards, deepest stage first",
@@ -243,7 +233,7 @@ def _backward_at(g, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_bas
     if g == S - 1:
         return 0.0
     slot = n_f + bwd_ptr[s0 + g] - b_base + k
-    return ready_at(deliv, n_f + bwd_ptr[s0 + g + 1] - b_base, dep_lo[slot], dep_hi[slot])
+    return kernels.ready_at(deliv, n_f + bwd_ptr[s0 + g + 1] - b_base, dep_lo[slot], dep_hi[slot])
 
 
 @njit(cache=True)
@@ -255,7 +245,7 @@ def _forward_at(g, s0, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base):  # type: i
     if g == 0:
         return 0.0
     slot = fwd_ptr[s0 + g] - f_base + k
-    return ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
+    return kernels.ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
 
 
 @njit(cache=True)
@@ -336,7 +326,7 @@ def _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param
     link[:R, :R, 0] = 0.0
     for g in range(S):
         gg = s0 + g
-        stash_in[g] = memory_step(0, recompute[gg], 1, lo[gg], hi[gg], input_bytes, out_bytes, stash_prefix)[0]
+        stash_in[g] = kernels.memory_step(0, recompute[gg], 1, lo[gg], hi[gg], input_bytes, out_bytes, stash_prefix)[0]
         ints[:, g] = 0
 
 
@@ -353,7 +343,7 @@ def _generate_one(  # type: ignore[no-untyped-def]
     R = r1 - r0
     f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
     n_f = fwd_ptr[s1] - f_base
-    link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
+    kernels.link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
     stash_in = np.empty(S)  # bytes a forward adds per sample (MODEL.md 5)
     _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param_prefix, input_bytes, state_factor,
            memory_limit, n_f + bwd_ptr[s1] - b_base, deliv, local, ints, rint, rflt, stash_in, mem, busy, link)  # fmt: skip
@@ -404,25 +394,25 @@ def _generate_one(  # type: ignore[no-untyped-def]
         start = rflt[LAST_END, r]
         need = 0.0
         if producers >= 0:
-            start = max(start, ready_at(deliv, producers, dep_lo[slot], dep_hi[slot]))
+            start = max(start, kernels.ready_at(deliv, producers, dep_lo[slot], dep_hi[slot]))
             if cross:
-                need = needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh, msg_per_byte)
+                need = kernels.needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh, msg_per_byte)
         l_lo, l_hi = lo[gg], hi[gg]
-        end, to, arrival = finish(kind, g, gg, S, r, start, size, l_lo, l_hi, recompute[gg], scale[gg], need, rank,
+        end, to, arrival = kernels.finish(kind, g, gg, S, r, start, size, l_lo, l_hi, recompute[gg], scale[gg], need, rank,
                                   link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
         if to >= 0:
             deliv[slot] = arrival
             dst = rank[to]
             if rint[WAITING, dst]:  # wake a waiting consumer, no earlier than its own last end
                 rflt[DECIDE_AT, dst] = min(rflt[DECIDE_AT, dst], max(arrival, rflt[LAST_END, dst]))
-        add, rel = memory_step(kind, recompute[gg], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
+        add, rel = kernels.memory_step(kind, recompute[gg], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
         rflt[LEVEL, r] += add
         mem[r0 + r] = max(mem[r0 + r], rflt[LEVEL, r])
         rflt[LEVEL, r] -= rel
         busy[r0 + r] += end - start
         rflt[DECIDE_AT, r] = rflt[LAST_END, r] = end
         rint[WAITING, r] = 0
-        act[act_ptr[r0 + r] + rint[WRITTEN, r]] = action_code(g, kind, k)
+        act[act_ptr[r0 + r] + rint[WRITTEN, r]] = kernels.action_code(g, kind, k)
         rint[WRITTEN, r] += 1
         remaining -= 1
         _advance(ints, rint, g, r, kind, size)
@@ -479,7 +469,7 @@ def _relax(s0, S, R, rint, rflt, local, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_
             d = 0.0
             if g > 0:
                 slot = fwd_ptr[s0 + g] - f_base + k
-                d = ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
+                d = kernels.ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
             if d >= 0.0 and max(d, rflt[LAST_END, r]) < best_t:
                 best_t, best_r, best_g = max(d, rflt[LAST_END, r]), r, g
     if best_r >= 0:
