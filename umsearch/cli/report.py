@@ -200,7 +200,7 @@ def _write_all(result: SearchResult, space: SearchSpace, profile: Profile, folde
     write_pareto(front, marks, folder / "pareto.png", memory_limit=space.memory_limit, chosen=front[pick],
                  title=f"{space.name}: time vs memory")  # fmt: skip
     sim = simulate(chosen.plan, CostModel(profile, state_factor=space.state_factor))
-    write_gantt(sim.records, chosen.plan.ranks, folder / "timeline.png",
+    write_gantt(sim.records, chosen.plan.ranks, folder / "timeline.png", allreduces=sim.allreduces,
                 title=f"{space.name}: predicted {sim.iteration_ms:.2f} ms")  # fmt: skip
     write_chrome_trace(sim.records, folder / "trace.json", source="predicted")
 
