@@ -371,6 +371,7 @@ def _generate_one(  # type: ignore[no-untyped-def]
             continue
         # Run the chosen action: the timing of MODEL.md section 4, as in the evaluator.
         gg = s0 + g
+        # Inline on purpose: a shared kernel taking these arrays costs ~20% of the loop (ARCHITECTURE.md).
         if kind == 0:
             k = ints[F_NEXT, g]
             size = fwd[fwd_ptr[gg] + k]

@@ -484,6 +484,7 @@ def _one(  # type: ignore[no-untyped-def]
             l_lo, l_hi = lo[g], hi[g]
             start = clock[r]
             need = 0.0
+            # Inline on purpose: a shared kernel taking these arrays costs ~20% of the loop (ARCHITECTURE.md).
             if kind == 0:
                 size = fwd[fwd_ptr[g] + k]
                 slot = fwd_ptr[g] - f_base + k
