@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from umsearch.core.errors import PlanError
-from umsearch.core.fields import MAX_BYTES, check_keys, integer, mapping, number, required
-from umsearch.core.profile import Link
+from umsearch.core.fields import check_keys, integer, mapping, required
+from umsearch.core.profile import Link, link_from_json
 
 LAYOUTS = ("dp_inner", "pp_inner")
 """``dp_inner`` (the default): a stage's copies sit side by side; ``pp_inner``: a replica's ranks do."""
@@ -34,10 +34,7 @@ class Cluster:
     """Link between devices of different nodes."""
 
     def to_json(self) -> dict[str, Any]:
-        def link(x: Link) -> dict[str, float]:
-            return {"latency_ms": x.latency_ms, "bandwidth_gb_per_s": x.bandwidth_gb_per_s}
-
-        return {"gpus_per_node": self.gpus_per_node, "intra": link(self.intra), "inter": link(self.inter)}
+        return {"gpus_per_node": self.gpus_per_node, "intra": self.intra.to_json(), "inter": self.inter.to_json()}
 
 
 def device(replica: int, rank: int, ranks: int, replicas: int, layout: str) -> int:
@@ -68,16 +65,6 @@ def allreduce_ms(param_bytes: float, replicas: int, link: Link) -> float:
     return 2 * (d - 1) / d * param_bytes * ms_per_byte(link) + 2 * (d - 1) * link.latency_ms
 
 
-def _link(raw: Any, where: str) -> Link:
-    obj = mapping(raw, where, PlanError)
-    check_keys(obj, {"latency_ms", "bandwidth_gb_per_s"}, f"{where}.", PlanError)
-    return Link(
-        latency_ms=number(required(obj, "latency_ms", f"{where}.", PlanError, _SEE), f"{where}.latency_ms", PlanError),
-        bandwidth_gb_per_s=number(required(obj, "bandwidth_gb_per_s", f"{where}.", PlanError, _SEE),
-                                  f"{where}.bandwidth_gb_per_s", PlanError, positive=True, limit=MAX_BYTES),
-    )  # fmt: skip
-
-
 def cluster_from_json(raw: Any) -> Cluster:
     """The plan field ``cluster``; raises PlanError naming the bad value and the fix."""
     obj = mapping(raw, "cluster", PlanError)
@@ -87,6 +74,6 @@ def cluster_from_json(raw: Any) -> Cluster:
         raise PlanError(f"plan field cluster.gpus_per_node = {gpn} must be at least 1 (devices per node)")
     return Cluster(
         gpus_per_node=integer(gpn, "cluster.gpus_per_node", PlanError, lo=1),
-        intra=_link(required(obj, "intra", "cluster.", PlanError, _SEE), "cluster.intra"),
-        inter=_link(required(obj, "inter", "cluster.", PlanError, _SEE), "cluster.inter"),
+        intra=link_from_json(required(obj, "intra", "cluster.", PlanError, _SEE), "cluster.intra", PlanError, _SEE),
+        inter=link_from_json(required(obj, "inter", "cluster.", PlanError, _SEE), "cluster.inter", PlanError, _SEE),
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from umsearch.core.actions import Action, parse_action
-from umsearch.core.cluster import LAYOUTS, cluster_from_json
+from umsearch.core.cluster import cluster_from_json
 from umsearch.core.errors import PlanError
 from umsearch.core.fields import check_keys, integer, mapping, required
 from umsearch.core.jsonio import check_input_path, read_json, write_json
@@ -148,21 +148,11 @@ _PLAN_KEYS = frozenset({"schema", "global_batch", "ranks", "stages", "actions", 
 
 
 def _replica_fields(obj: dict[str, Any]) -> dict[str, Any]:
-    """The optional section 9 fields of a plan/2 object, as :class:`Plan` keyword arguments."""
-    out: dict[str, Any] = {}
-    if "data_parallel" in obj:
-        out["data_parallel"] = integer(obj["data_parallel"], "data_parallel", PlanError, lo=1)
+    """The optional section 9 fields of a plan/2 object, as :class:`Plan` keyword arguments (checked by
+    :func:`~umsearch.core.plan_rules.validate_plan`, which every plan read passes)."""
+    out: dict[str, Any] = {k: obj[k] for k in ("data_parallel", "layout", "zero1") if k in obj}
     if "cluster" in obj:
         out["cluster"] = cluster_from_json(obj["cluster"])
-    if "layout" in obj:
-        layout = obj["layout"]
-        if layout not in LAYOUTS:
-            raise PlanError(f"plan field layout = {layout!r} is not a layout; use 'dp_inner' or 'pp_inner'")
-        out["layout"] = layout
-    if "zero1" in obj:
-        if not isinstance(obj["zero1"], bool):
-            raise PlanError(f"plan field zero1 must be true or false, got {obj['zero1']!r}")
-        out["zero1"] = obj["zero1"]
     return out
 
 

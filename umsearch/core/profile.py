@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.errors import ProfileError
+from umsearch.core.errors import ProfileError, UmsearchError
 from umsearch.core.fields import MAX_BYTES, check_keys, integer, mapping, number, required, text
 from umsearch.core.jsonio import read_json, write_json
 
@@ -65,6 +65,21 @@ class Link:
     """Fixed cost of one message, in milliseconds."""
     bandwidth_gb_per_s: float
     """Throughput in GB/s, 1 GB = 1e9 bytes."""
+
+    def to_json(self) -> dict[str, float]:
+        return {"latency_ms": self.latency_ms, "bandwidth_gb_per_s": self.bandwidth_gb_per_s}
+
+
+def link_from_json(raw: Any, where: str, error: type[UmsearchError], see: str) -> Link:
+    """A ``{latency_ms, bandwidth_gb_per_s}`` object (the profile's ``link``, a cluster's ``intra`` /
+    ``inter``): latency finite and non-negative, bandwidth positive; ``error`` names ``where`` and the fix."""
+    obj = mapping(raw, where, error)
+    check_keys(obj, {"latency_ms", "bandwidth_gb_per_s"}, f"{where}.", error)
+    return Link(
+        latency_ms=number(required(obj, "latency_ms", f"{where}.", error, see), f"{where}.latency_ms", error),
+        bandwidth_gb_per_s=number(required(obj, "bandwidth_gb_per_s", f"{where}.", error, see),
+                                  f"{where}.bandwidth_gb_per_s", error, positive=True, limit=MAX_BYTES),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,7 +203,7 @@ class Profile:
             "schema": SCHEMA, "model": self.model, "device": self.device, "dtype": self.dtype,
             "microbatch_sizes": list(self.microbatch_sizes), "input_bytes": self.input_bytes,
             "layers": [lay.to_json() for lay in self.layers],
-            "link": {"latency_ms": self.link.latency_ms, "bandwidth_gb_per_s": self.link.bandwidth_gb_per_s},
+            "link": self.link.to_json(),
         }  # fmt: skip
         rt = self.runtime
         if rt != RuntimeCosts() or rt.calibration is not None:
@@ -343,13 +358,7 @@ def profile_from_json(obj: Any) -> Profile:
     layers_raw = get("layers")
     if not isinstance(layers_raw, list) or not layers_raw:
         raise ProfileError(f"profile field 'layers' must be a non-empty list, got {layers_raw!r}")
-    link_raw = mapping(get("link"), "link", ProfileError)
-    check_keys(link_raw, {"latency_ms", "bandwidth_gb_per_s"}, "link.", ProfileError)
-    link = Link(
-        latency_ms=number(get("latency_ms", "link.", link_raw), "link.latency_ms", ProfileError),
-        bandwidth_gb_per_s=number(get("bandwidth_gb_per_s", "link.", link_raw), "link.bandwidth_gb_per_s",
-                                  ProfileError, positive=True, limit=MAX_BYTES),
-    )  # fmt: skip
+    link = link_from_json(get("link"), "link", ProfileError, _SEE)
     return Profile(
         model=text(get("model"), "model", ProfileError),
         device=text(get("device"), "device", ProfileError),

@@ -208,7 +208,7 @@ class SearchSpace:
                 continue
             value = plain(getattr(holder, f.name))
             if isinstance(value, Link):
-                value = {"latency_ms": value.latency_ms, "bandwidth_gb_per_s": value.bandwidth_gb_per_s}
+                value = value.to_json()
             (out.setdefault(table, {}) if table else out)[f.name] = value
         return out
 
