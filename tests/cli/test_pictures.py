@@ -5,8 +5,9 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from tests.contract import example8, example8_profile
 from tests.strategies import uniform_profile
-from umsearch.cli.pictures import chrome_trace_events, write_gantt, write_gantts, write_pareto
+from umsearch.cli.pictures import ALLREDUCE_TID, chrome_trace_events, write_gantt, write_gantts, write_pareto
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import equal_split, placed_plan
 from umsearch.core.schedules import PEER_SCHEDULES
@@ -51,3 +52,19 @@ def test_pareto_scales_to_the_plans_not_a_far_limit(tmp_path: Path) -> None:
     path = write_pareto([(10.0, 1.0 * gib), (12.0, 0.5 * gib)], {"1F1B": (13.0, 0.6 * gib)}, tmp_path / "p.png",
                         memory_limit=80.0 * gib, chosen=(10.0, 1.0 * gib))  # fmt: skip
     assert _png_size(path)[0] > 0
+
+
+def test_a_data_parallel_trace_has_each_ranks_allreduces_in_a_lane_under_it() -> None:
+    res = simulate(example8(), CostModel(example8_profile()))
+    assert res.allreduces
+    events = chrome_trace_events(res.records, allreduces=res.allreduces)
+    lanes = [e for e in events if e["ph"] == "X" and e["cat"] == "all-reduce"]
+    assert sorted((e["tid"] - ALLREDUCE_TID, e["args"]["stage"]) for e in lanes) == \
+        sorted((s.rank, s.stage) for s in res.allreduces)  # fmt: skip
+    for e, s in zip(sorted(lanes, key=lambda e: e["args"]["stage"]), sorted(res.allreduces, key=lambda s: s.stage),
+                    strict=True):  # fmt: skip
+        assert e["ts"] == s.start_ms * 1e3 and e["dur"] == (s.end_ms - s.start_ms) * 1e3
+    order = [e["tid"] for e in sorted((e for e in events if e["name"] == "thread_sort_index"),
+                                      key=lambda e: e["args"]["sort_index"])]  # fmt: skip
+    ranks = sorted({s.rank for s in res.allreduces})
+    assert order == [t for r in ranks for t in (r, ALLREDUCE_TID + r)]

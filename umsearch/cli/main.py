@@ -155,7 +155,8 @@ def show_command(
     console.print("Gantt chart: " + escape(gantt), soft_wrap=True)
     if trace is not None:
         write_output(trace, "--trace", lambda p: write_chrome_trace(res.records, p, source="predicted",
-                                                                    metadata={"plan": str(plan_path)}))  # fmt: skip
+                                                                    metadata={"plan": str(plan_path)},
+                                                                    allreduces=res.allreduces))  # fmt: skip
         console.print("Chrome trace: " + escape(trace) + " (open in https://ui.perfetto.dev or chrome://tracing)",
                       soft_wrap=True)  # fmt: skip
 

@@ -56,8 +56,14 @@ class SpanLike(Protocol):
     def end_ms(self) -> float: ...
 
 
-def chrome_trace_events(records: Iterable[RecordLike], *, source: str = "predicted") -> list[dict[str, Any]]:
-    """Complete ('X') events, one row (tid) per rank, named like torch's actions (``2F0``), times in us."""
+ALLREDUCE_TID = 1000
+"""Chrome-trace thread of rank r's all-reduce lane: ``ALLREDUCE_TID + r`` (apart from the ranks' own rows)."""
+
+
+def chrome_trace_events(records: Iterable[RecordLike], *, source: str = "predicted",
+                        allreduces: Sequence[SpanLike] = ()) -> list[dict[str, Any]]:  # fmt: skip
+    """Complete ('X') events, one row (tid) per rank, named like torch's actions (``2F0``), times in us;
+    with ``allreduces`` (a data-parallel plan, MODEL.md 9) each rank's all-reduces in a row of their own."""
     events: list[dict[str, Any]] = []
     ranks: set[int] = set()
     for a in records:
@@ -67,22 +73,35 @@ def chrome_trace_events(records: Iterable[RecordLike], *, source: str = "predict
             "pid": 0, "tid": a.rank, "ts": a.start_ms * 1e3, "dur": (a.end_ms - a.start_ms) * 1e3,
             "args": {"stage": a.stage, "kind": a.kind, "mb": a.mb, "size": a.size},
         })  # fmt: skip
+    lanes = sorted({s.rank for s in allreduces})
+    for s in allreduces:
+        events.append({"name": f"all-reduce stage {s.stage}", "cat": "all-reduce", "ph": "X", "pid": 0,
+                       "tid": ALLREDUCE_TID + s.rank, "ts": s.start_ms * 1e3, "dur": (s.end_ms - s.start_ms) * 1e3,
+                       "args": {"stage": s.stage, "rank": s.rank}})  # fmt: skip
     meta: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"umsearch ({source})"}}
     ]
     meta += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
              for r in sorted(ranks)]  # fmt: skip
+    meta += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": ALLREDUCE_TID + r,
+              "args": {"name": f"rank {r} all-reduce"}} for r in lanes]  # fmt: skip
+    order: list[int] = []  # each lane right under its rank, not after every rank
+    for r in sorted(ranks | set(lanes)):
+        order += ([r] if r in ranks else []) + ([ALLREDUCE_TID + r] if r in lanes else [])
+    meta += [{"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": t, "args": {"sort_index": i}}
+             for i, t in enumerate(order)]  # fmt: skip
     return meta + events
 
 
 def write_chrome_trace(
     records: Iterable[RecordLike], path: str | os.PathLike[str], *, source: str = "predicted",
-    metadata: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None, allreduces: Sequence[SpanLike] = (),
 ) -> Path:  # fmt: skip
-    """Write a Chrome-trace JSON that chrome://tracing and Perfetto open."""
+    """Write a Chrome-trace JSON that chrome://tracing and Perfetto open (with the all-reduce lanes of
+    a data-parallel plan when given)."""
     doc = {
         "schema": TRACE_SCHEMA,
-        "traceEvents": chrome_trace_events(records, source=source),
+        "traceEvents": chrome_trace_events(records, source=source, allreduces=allreduces),
         "displayTimeUnit": "ms",
         "metadata": {"source": source, **(metadata or {})},
     }

@@ -202,7 +202,7 @@ def _write_all(result: SearchResult, space: SearchSpace, profile: Profile, folde
     sim = simulate(chosen.plan, CostModel(profile, state_factor=space.state_factor))
     write_gantt(sim.records, chosen.plan.ranks, folder / "timeline.png", allreduces=sim.allreduces,
                 title=f"{space.name}: predicted {sim.iteration_ms:.2f} ms")  # fmt: skip
-    write_chrome_trace(sim.records, folder / "trace.json", source="predicted")
+    write_chrome_trace(sim.records, folder / "trace.json", source="predicted", allreduces=sim.allreduces)
 
 
 def output_folder(out: str | Path, space: SearchSpace, space_path: str | None) -> OutputFolder:
