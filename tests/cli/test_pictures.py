@@ -7,7 +7,13 @@ from pathlib import Path
 
 from tests.contract import example8, example8_profile
 from tests.strategies import uniform_profile
-from umsearch.cli.pictures import ALLREDUCE_TID, chrome_trace_events, write_gantt, write_gantts, write_pareto
+from umsearch.cli.pictures import (
+    ALLREDUCE_TID,
+    chrome_trace_events,
+    write_gantt,
+    write_gantts,
+    write_pareto,
+)
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import equal_split, placed_plan
 from umsearch.core.schedules import PEER_SCHEDULES
