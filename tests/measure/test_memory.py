@@ -63,7 +63,8 @@ def _tiny_gpt() -> tuple[ModelSpec, object]:
 def test_a_small_model_under_a_memory_cap_reports_the_largest_size_that_fits() -> None:
     torch.set_num_threads(1)
     spec, built = _tiny_gpt()
-    config = ProfileConfig(sizes=(1, 2, 4, 8, 16, 32), repeats=1, calibration_rounds=1, memory_cap_bytes=2e6)
+    config = ProfileConfig(sizes=(1, 2, 4, 8, 16, 32), repeats=1, calibration_rounds=1, memory_cap_bytes=2e6,
+                           context_layers=1)  # fmt: skip
     prof = profile_model(built, spec, config, link=Link(latency_ms=0.0, bandwidth_gb_per_s=1.0))  # type: ignore[arg-type]
     memory = prof.extra["measurement"]["memory"]
     # Under 2 MB the blocks and the head stop at 4 (with the fewest graphs in flight), the embedding goes further.
@@ -83,3 +84,19 @@ def test_without_a_cap_every_size_is_measured_with_eight_graphs() -> None:
     memory = prof.extra["measurement"]["memory"]
     assert prof.microbatch_sizes == (1, 2, 4) and memory["note"] is None
     assert set(memory["in_flight"].values()) == {8} and prof.extra["measurement"]["in_flight"] == 8
+
+
+def test_a_layer_timed_among_its_neighbours_needs_the_memory_of_its_whole_window() -> None:
+    from umsearch.measure.profiler import burst_needs, context_window, run_chain
+
+    spec, built = _tiny_gpt()
+    chain = run_chain(built, (1, 2), torch.device("cpu"))  # type: ignore[arg-type]
+    groups = [[0], [1, 2], [3]]
+    alone = burst_needs(built, chain, groups, [], 1)  # type: ignore[arg-type]
+    among = burst_needs(built, chain, groups, [], 3)  # type: ignore[arg-type]
+    # Each window layer is its own graph: its stash and its output stay alive; the fullest member counts.
+    for g, need in zip(groups, among, strict=True):
+        windows = [context_window(i, 4, 3) for i in g]
+        assert need.kept_per_sample == max(sum(chain.stash_bytes[lo:hi]) + sum(chain.out_bytes[lo:hi])
+                                           for lo, hi in windows)  # fmt: skip
+    assert all(a.kept_per_sample < b.kept_per_sample for a, b in zip(alone, among, strict=True))

@@ -327,3 +327,43 @@ def test_gpu_bursts_time_calls_back_to_back_without_host_syncs(monkeypatch: pyte
     assert {syncs for _, syncs in _FakeEvent.log} == {1}  # every event recorded after the one sync before
     assert _FakeEvent.syncs == 1 + 4  # ... and one per quantity when the times are read
     assert all(t == 1.0 for ts in got.values() for t in ts)  # each interval spans exactly its own call
+
+
+@pytest.mark.parametrize(("layer", "width", "window"), [(0, 4, (0, 4)), (5, 4, (4, 8)), (9, 4, (6, 10)),
+                                                      (3, 1, (3, 4)), (2, 30, (0, 10))])  # fmt: skip
+def test_the_context_window_holds_the_layer_centred_within_the_model(layer: int, width: int,
+                                                                      window: tuple[int, int]) -> None:  # fmt: skip
+    from umsearch.measure.profiler import context_window
+
+    assert context_window(layer, 10, width) == window
+
+
+class _Calls(torch.nn.Linear):
+    """Counts its forwards and the backwards that reach it."""
+
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+        self.forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        return super().forward(x)
+
+
+def test_a_burst_among_neighbours_runs_them_all_and_times_only_its_layer() -> None:
+    from umsearch.measure.burst import Unit, burst
+
+    before, timed, after = _Calls(), _Calls(), _Calls()
+    unit = Unit(module=timed, x=torch.randn(3, 4), y=torch.randn(3, 4), loss=torch.nn.functional.mse_loss,
+                first=True, last=True, before=(before,), after=(after,))  # fmt: skip
+    reached: list[int] = []
+    before.weight.register_hook(lambda g: reached.append(1))  # type: ignore[arg-type,return-value]
+    got = burst(unit, device=torch.device("cpu"), in_flight=4, split=True)
+    # Every microbatch runs through the window, the loss after its last layer; one sample per call of
+    # the timed layer only.
+    assert before.forwards == timed.forwards == after.forwards == 4
+    assert {q: len(v) for q, v in got.items()} == {"fwd": 4, "bwd": 2, "bwd_input": 2, "bwd_weight": 2}
+    assert all(t > 0 for v in got.values() for t in v)
+    # Every backward reached the first layer's weights (two B, two W), and nothing is left behind.
+    assert len(reached) == 4
+    assert all(p.grad is None for m in (before, timed, after) for p in m.parameters())

@@ -28,7 +28,7 @@ from umsearch.core.profile import (
     profile_precision,
     save_profile,
 )
-from umsearch.measure.profiler import DEFAULT_REPEATS, ProfileConfig
+from umsearch.measure.profiler import CONTEXT_LAYERS, DEFAULT_REPEATS, ProfileConfig, measured_context
 from umsearch.nn.precision import Precision, check_precision
 
 DEFAULT_SIZES = "1,2,4,8,16,32"
@@ -256,7 +256,7 @@ def _check(path: str, model: str | None, args: tuple[str, ...], device: str | No
     precision = Precision(profile_precision(stored) or "fp32")  # re-measure as it was measured
     check_precision(precision, dev)
     config = ProfileConfig(sizes=stored.microbatch_sizes, device=dev, repeats=repeats or CHECK_REPEATS, pool=not no_pool,
-                           precision=precision)  # fmt: skip
+                           precision=precision, context_layers=measured_context(stored))  # fmt: skip
     with _progress() as bar:
         task = bar.add_task("checking", total=check_steps(stored, config))
         report = check_profile(stored, built, config, tick=lambda what: bar.update(task, advance=1, description=escape(what)))
@@ -297,6 +297,9 @@ def _default_out(model: str) -> str:
                    f"[default: {DEFAULT_REPEATS}; {CHECK_REPEATS} with --check]")  # fmt: skip
 @click.option("--threads", type=int, default=None, help="CPU intra-op threads (as in the runtime).  [default: 1]")
 @click.option("--no-pool", is_flag=True, help="Measure every layer on its own, even structurally identical ones.")
+@click.option("--context-layers", type=click.IntRange(min=1), default=CONTEXT_LAYERS, show_default=True,
+              help="Layers each timing runs together, the timed one among its neighbours as a stage runs it "
+                   "(1: every layer alone, as profiles before 2026-12 were measured).")  # fmt: skip
 @click.option("--memory-limit-gb", type=float, default=None,
               help="Use at most this much memory (GB) for the profile; on a GPU also the allocator's limit.  "
                    "[default: the free memory]")  # fmt: skip
@@ -312,8 +315,8 @@ def _default_out(model: str) -> str:
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Output file (default MODEL_profile.json; with --check, where to write the drift report).")  # fmt: skip
 def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None, device: str | None, dtype: str,
-                    repeats: int | None, threads: int | None, no_pool: bool, memory_limit_gb: float | None,
-                    link_preset: str | None, link_latency_ms: float | None, link_bandwidth_gbps: float | None,
+                    repeats: int | None, threads: int | None, no_pool: bool, context_layers: int,
+                    memory_limit_gb: float | None, link_preset: str | None, link_latency_ms: float | None, link_bandwidth_gbps: float | None,
                     check: str | None, calibrate_too: bool, out: str | None) -> None:  # fmt: skip
     """Measure MODEL (zoo name or package.module:function) layer by layer.
 
@@ -350,7 +353,7 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
 
     built = build_model(spec)
     config = ProfileConfig(sizes=size_list, device=dev, repeats=repeats or DEFAULT_REPEATS, pool=not no_pool,
-                           precision=precision, memory_cap_bytes=cap)  # fmt: skip
+                           precision=precision, memory_cap_bytes=cap, context_layers=context_layers)  # fmt: skip
     # Compute first, link last: a model that cannot be profiled wastes no link measurement.
     prof = _measure(built, spec, config, Link(latency_ms=0.0, bandwidth_gb_per_s=1.0))
     prof = replace(prof, link=resolve_link(choice, dev, defaulted),

@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -71,6 +72,11 @@ IN_FLIGHT = 8
 MIN_IN_FLIGHT = 2
 """Fewest graphs a burst keeps when memory is short (a pipeline stage keeps at least two, but the last)."""
 
+CONTEXT_LAYERS = 4
+"""Layers a burst runs together, the timed one among them (:mod:`umsearch.measure.burst`): a stage's
+worth of neighbours, so that the cache holds what it holds inside a stage; 1 times each layer alone."""
+"""Fewest graphs a burst keeps when memory is short (a pipeline stage keeps at least two, but the last)."""
+
 ORDER = "rounds; each visits every (layer group, size) cell once in a seeded random order"
 
 TIMING = {False: "wall clock around each call (the CPU runs it synchronously)",
@@ -107,6 +113,8 @@ class ProfileConfig:
     """At most this many bytes for the profile (weights, kept inputs and bursts); None: the free memory."""
     min_in_flight: int = MIN_IN_FLIGHT
     """Fewest graphs in flight the memory plan may choose."""
+    context_layers: int = CONTEXT_LAYERS
+    """Layers each burst runs, the timed one among its neighbours (1: alone)."""
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -269,16 +277,32 @@ def group_name(names: Sequence[str], members: Sequence[int]) -> str:
     return f"{names[members[0]]}..{names[members[-1]]} ({len(members)} pooled)"
 
 
-def _unit(target: Target, r: int, b: int, built: BuiltModel, chain: Chain, precision: Precision) -> Unit:
+def context_window(layer: int, num_layers: int, width: int) -> tuple[int, int]:
+    """``[lo, hi)``: the ``width`` consecutive layers (at most all) that hold ``layer``, centred on it
+    where the model's ends allow."""
+    w = max(1, min(width, num_layers))
+    lo = min(max(layer - (w - 1) // 2, 0), num_layers - w)
+    return lo, lo + w
+
+
+def measured_context(profile: Profile) -> int:
+    """The context layers ``profile`` was measured with (1 for profiles from before they existed), so that
+    a check re-measures it as it was measured."""
+    got = (profile.extra.get("measurement") or {}).get("context_layers", 1)
+    return got if isinstance(got, int) and not isinstance(got, bool) and got >= 1 else 1
+
+
+def _unit(target: Target, r: int, b: int, built: BuiltModel, chain: Chain, config: ProfileConfig) -> Unit:
+    L = len(built.layers)
     if target.span:
         lo, hi = target.layers[0], target.layers[-1] + 1
-        module: torch.nn.Module = torch.nn.Sequential(*built.layers[lo:hi])
-    else:
-        lo = target.layers[r % len(target.layers)]
-        hi, module = lo + 1, built.layers[lo]
-    L = len(built.layers)
-    return Unit(module=module, x=chain.inputs[b][lo], y=chain.targets[b], loss=built.loss, first=lo == 0, last=hi == L,
-                precision=precision)  # fmt: skip
+        return Unit(module=torch.nn.Sequential(*built.layers[lo:hi]), x=chain.inputs[b][lo], y=chain.targets[b],
+                    loss=built.loss, first=lo == 0, last=hi == L, precision=config.precision)  # fmt: skip
+    i = target.layers[r % len(target.layers)]
+    lo, hi = context_window(i, L, config.context_layers)
+    return Unit(module=built.layers[i], x=chain.inputs[b][lo], y=chain.targets[b], loss=built.loss, first=lo == 0,
+                last=hi == L, precision=config.precision, before=tuple(built.layers[lo:i]),
+                after=tuple(built.layers[i + 1 : hi]))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,7 +337,7 @@ def measure_cells(
             if too_big is None or cell.size < too_big:
                 target = targets[cell.target]
                 try:
-                    got = burst(_unit(target, r, cell.size, built, chain, config.precision), device=config.device,
+                    got = burst(_unit(target, r, cell.size, built, chain, config), device=config.device,
                                 in_flight=target.in_flight or config.in_flight, split=config.split)  # fmt: skip
                 except Exception as exc:
                     if not _is_oom(exc):
@@ -414,11 +438,21 @@ def _param_bytes(built: BuiltModel, layers: Sequence[int]) -> float:
 
 
 def burst_needs(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]],
-                spans: Sequence[tuple[int, int]]) -> list[Need]:  # fmt: skip
-    """What a burst of each group (one member) and of each stage-sized range keeps, from the chain's bytes."""
-    out, stash, inp = chain.out_bytes, chain.stash_bytes, chain.in_bytes
-    needs = [Need(name=group_name(built.names, g), kept_per_sample=stash[g[0]] + out[g[0]],
-                  transient_per_sample=out[g[0]] + inp[g[0]], fixed=_param_bytes(built, [g[0]])) for g in groups]  # fmt: skip
+                spans: Sequence[tuple[int, int]], context_layers: int = 1) -> list[Need]:  # fmt: skip
+    """What a burst of each group and of each stage-sized range keeps, from the chain's bytes: a group's
+    member among its context layers keeps every window layer's stash and output (each layer is its own
+    graph), the fullest member's window counting; a range keeps its stash and its last output."""
+    L, out, stash, inp = len(built.layers), chain.out_bytes, chain.stash_bytes, chain.in_bytes
+
+    def window(i: int) -> Need:
+        lo, hi = context_window(i, L, context_layers)
+        return Need(name="", kept_per_sample=sum(stash[lo:hi]) + sum(out[lo:hi]),
+                    transient_per_sample=out[hi - 1] + inp[lo], fixed=_param_bytes(built, range(lo, hi)))  # fmt: skip
+
+    needs = []
+    for g in groups:
+        fullest = max((window(i) for i in g), key=lambda n: (n.kept_per_sample, n.fixed))
+        needs.append(dataclasses.replace(fullest, name=group_name(built.names, g)))
     needs += [Need(name=f"layers {lo}..{hi - 1}", kept_per_sample=sum(stash[lo:hi]) + out[hi - 1],
                    transient_per_sample=out[hi - 1] + inp[lo], fixed=_param_bytes(built, range(lo, hi)))
               for lo, hi in spans]  # fmt: skip
@@ -429,7 +463,7 @@ def plan_bursts(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]]
                 config: ProfileConfig) -> tuple[MemoryPlan, tuple[int, ...]]:  # fmt: skip
     """The memory plan of every group and range, and the sizes every group fits (at least two, else
     :class:`ProfilingError` naming the group that does not fit)."""
-    needs = burst_needs(built, chain, groups, spans)
+    needs = burst_needs(built, chain, groups, spans, config.context_layers)
     resident = _param_bytes(built, range(len(built.layers))) + chain.kept_bytes()
     have = available_bytes(config.device, cap_bytes=config.memory_cap_bytes, resident_bytes=resident)
     mp = plan_memory(needs, have, chain.sizes, max_in_flight=config.in_flight,
@@ -512,7 +546,7 @@ def profile_model(
     share = cpu_share_of(measured, config.device)
     quality = assess(layers, groups=groups, calibration=calibration, rounds=config.repeats, cpu_share=share,
                      device_type=config.device.type)  # fmt: skip
-    needs = burst_needs(built, chain, groups, all_spans)
+    needs = burst_needs(built, chain, groups, all_spans, config.context_layers)
     memory = {
         "budget_bytes": mp.budget_bytes, "cap_bytes": config.memory_cap_bytes,
         "in_flight": {needs[t].name: mp.in_flight[t] for t in range(len(needs))},
@@ -522,7 +556,9 @@ def profile_model(
     }  # fmt: skip
     flights = sorted({mp.in_flight[t] for t in range(G)})
     measurement = {
-        "method": "interleaved rounds, pooled identical layers, monotone fit (umsearch.measure.profiler)",
+        "method": "interleaved rounds, pooled identical layers, each timed among its neighbours, monotone fit "
+                  "(umsearch.measure.profiler)",
+        "context_layers": config.context_layers,
         "rounds": config.repeats, "repeats": config.repeats, "warmup_rounds": config.warmup_rounds,
         "in_flight": flights[0] if len(flights) == 1 else f"{flights[0]}-{flights[-1]}", "order": ORDER,
         "seed": config.seed,
