@@ -28,7 +28,12 @@ from umsearch.core.profile import (
     profile_precision,
     save_profile,
 )
-from umsearch.measure.profiler import CONTEXT_LAYERS, DEFAULT_REPEATS, ProfileConfig, measured_context
+from umsearch.measure.profiler import (
+    CONTEXT_LAYERS,
+    DEFAULT_REPEATS,
+    ProfileConfig,
+    measured_context,
+)
 from umsearch.nn.precision import Precision, check_precision
 
 DEFAULT_SIZES = "1,2,4,8,16,32"
