@@ -52,11 +52,13 @@ SEED = 0
 SCHEMA = "benchmarks.runtime/2"
 
 
-def measure_profile(spec: dict[str, Any], path: Path, repeats: int = 15) -> Profile:
-    """Profile ``spec`` with ``umsearch profile`` (its flags are the stable interface)."""
+def measure_profile(spec: dict[str, Any], path: Path, repeats: int = 15, context_layers: int | None = None) -> Profile:
+    """Profile ``spec`` with ``umsearch profile`` (its flags are the stable interface); ``context_layers``:
+    the profiler's ``--context-layers`` (None: its default)."""
     cmd = [sys.executable, "-m", "umsearch", "profile", spec["source"],
            *[f"--arg={k}={v}" for k, v in spec["args"].items()],
-           "--sizes", ",".join(map(str, SIZES)), "--threads", "1", "--repeats", str(repeats), "--out", str(path)]  # fmt: skip
+           "--sizes", ",".join(map(str, SIZES)), "--threads", "1", "--repeats", str(repeats), "--out", str(path),
+           *(["--context-layers", str(context_layers)] if context_layers else [])]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeExecutionError(f"profiling failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")

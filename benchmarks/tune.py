@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-min", type=float, default=60.0, help="tune budget per model, minutes")
     ap.add_argument("--calibrate-rounds", type=int, default=7, help="rounds of the calibration probes")
     ap.add_argument("--profile-repeats", type=int, default=15, help="profiler rounds")
+    ap.add_argument("--context-layers", type=int, default=None, help="the profiler's --context-layers (default: its own)")
     ap.add_argument("--profile-dir", default=None, help="take NAME.json profiles from here instead of measuring")
     a = ap.parse_args(argv)
     if a.quick:
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         spec = MODELS[name]
         with tempfile.TemporaryDirectory(prefix="umsearch-bench-") as tmp:
             path = Path(a.profile_dir) / f"{name}.json" if a.profile_dir else Path(tmp) / "profile.json"
-            profile = load_profile(path) if a.profile_dir else measure_profile(spec, path, a.profile_repeats)
+            profile = load_profile(path) if a.profile_dir else measure_profile(spec, path, a.profile_repeats, a.context_layers)
             sec = model_report(spec, profile, str(path), a)
         doc["models"][name] = sec
         _print(name, sec["summary"])
