@@ -75,6 +75,9 @@ def test_a_small_model_under_a_memory_cap_reports_the_largest_size_that_fits() -
     assert memory["note"].startswith("sizes above 4 did not fit in memory: largest that fits: 4 for ")
     # Every burst's estimate stays within the budget.
     assert memory["budget_bytes"] < 2e6
+    # The record says how the layers were timed: alone here.
+    assert prof.extra["measurement"]["context_layers"] == 1
+    assert "neighbours" not in prof.extra["measurement"]["method"]
 
 
 def test_without_a_cap_every_size_is_measured_with_eight_graphs() -> None:
@@ -84,6 +87,8 @@ def test_without_a_cap_every_size_is_measured_with_eight_graphs() -> None:
     memory = prof.extra["measurement"]["memory"]
     assert prof.microbatch_sizes == (1, 2, 4) and memory["note"] is None
     assert set(memory["in_flight"].values()) == {8} and prof.extra["measurement"]["in_flight"] == 8
+    assert prof.extra["measurement"]["context_layers"] == 4
+    assert "each timed among its neighbours" in prof.extra["measurement"]["method"]
 
 
 def test_a_layer_timed_among_its_neighbours_needs_the_memory_of_its_whole_window() -> None:

@@ -73,7 +73,7 @@ def chrome_trace_events(records: Iterable[RecordLike], *, source: str = "predict
             "pid": 0, "tid": a.rank, "ts": a.start_ms * 1e3, "dur": (a.end_ms - a.start_ms) * 1e3,
             "args": {"stage": a.stage, "kind": a.kind, "mb": a.mb, "size": a.size},
         })  # fmt: skip
-    lanes = sorted({s.rank for s in allreduces})
+    lanes = {s.rank for s in allreduces}
     for s in allreduces:
         events.append({"name": f"all-reduce stage {s.stage}", "cat": "all-reduce", "ph": "X", "pid": 0,
                        "tid": ALLREDUCE_TID + s.rank, "ts": s.start_ms * 1e3, "dur": (s.end_ms - s.start_ms) * 1e3,
@@ -84,9 +84,9 @@ def chrome_trace_events(records: Iterable[RecordLike], *, source: str = "predict
     meta += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
              for r in sorted(ranks)]  # fmt: skip
     meta += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": ALLREDUCE_TID + r,
-              "args": {"name": f"rank {r} all-reduce"}} for r in lanes]  # fmt: skip
+              "args": {"name": f"rank {r} all-reduce"}} for r in sorted(lanes)]  # fmt: skip
     order: list[int] = []  # each lane right under its rank, not after every rank
-    for r in sorted(ranks | set(lanes)):
+    for r in sorted(ranks | lanes):
         order += ([r] if r in ranks else []) + ([ALLREDUCE_TID + r] if r in lanes else [])
     meta += [{"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": t, "args": {"sort_index": i}}
              for i, t in enumerate(order)]  # fmt: skip

@@ -321,7 +321,8 @@ def _default_out(model: str) -> str:
               help="Output file (default MODEL_profile.json; with --check, where to write the drift report).")  # fmt: skip
 def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None, device: str | None, dtype: str,
                     repeats: int | None, threads: int | None, no_pool: bool, context_layers: int,
-                    memory_limit_gb: float | None, link_preset: str | None, link_latency_ms: float | None, link_bandwidth_gbps: float | None,
+                    memory_limit_gb: float | None, link_preset: str | None, link_latency_ms: float | None,
+                    link_bandwidth_gbps: float | None,
                     check: str | None, calibrate_too: bool, out: str | None) -> None:  # fmt: skip
     """Measure MODEL (zoo name or package.module:function) layer by layer.
 

@@ -28,7 +28,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 import time
@@ -75,7 +74,6 @@ MIN_IN_FLIGHT = 2
 CONTEXT_LAYERS = 4
 """Layers a burst runs together, the timed one among them (:mod:`umsearch.measure.burst`): a stage's
 worth of neighbours, so that the cache holds what it holds inside a stage; 1 times each layer alone."""
-"""Fewest graphs a burst keeps when memory is short (a pipeline stage keeps at least two, but the last)."""
 
 ORDER = "rounds; each visits every (layer group, size) cell once in a seeded random order"
 
@@ -438,31 +436,26 @@ def _param_bytes(built: BuiltModel, layers: Sequence[int]) -> float:
 
 
 def burst_needs(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]],
-                spans: Sequence[tuple[int, int]], context_layers: int = 1) -> list[Need]:  # fmt: skip
+                spans: Sequence[tuple[int, int]], context_layers: int) -> list[Need]:  # fmt: skip
     """What a burst of each group and of each stage-sized range keeps, from the chain's bytes: a group's
     member among its context layers keeps every window layer's stash and output (each layer is its own
     graph), the fullest member's window counting; a range keeps its stash and its last output."""
     L, out, stash, inp = len(built.layers), chain.out_bytes, chain.stash_bytes, chain.in_bytes
 
-    def window(i: int) -> Need:
-        lo, hi = context_window(i, L, context_layers)
-        return Need(name="", kept_per_sample=sum(stash[lo:hi]) + sum(out[lo:hi]),
-                    transient_per_sample=out[hi - 1] + inp[lo], fixed=_param_bytes(built, range(lo, hi)))  # fmt: skip
+    def need(name: str, lo: int, hi: int, *, every_output: bool) -> Need:
+        kept = sum(stash[lo:hi]) + (sum(out[lo:hi]) if every_output else out[hi - 1])
+        return Need(name=name, kept_per_sample=kept, transient_per_sample=out[hi - 1] + inp[lo],
+                    fixed=_param_bytes(built, range(lo, hi)))  # fmt: skip
 
-    needs = []
-    for g in groups:
-        fullest = max((window(i) for i in g), key=lambda n: (n.kept_per_sample, n.fixed))
-        needs.append(dataclasses.replace(fullest, name=group_name(built.names, g)))
-    needs += [Need(name=f"layers {lo}..{hi - 1}", kept_per_sample=sum(stash[lo:hi]) + out[hi - 1],
-                   transient_per_sample=out[hi - 1] + inp[lo], fixed=_param_bytes(built, range(lo, hi)))
-              for lo, hi in spans]  # fmt: skip
-    return needs
+    needs = [max((need(group_name(built.names, g), *context_window(i, L, context_layers), every_output=True)
+                  for i in g), key=lambda n: (n.kept_per_sample, n.fixed)) for g in groups]  # fmt: skip
+    return needs + [need(f"layers {lo}..{hi - 1}", lo, hi, every_output=False) for lo, hi in spans]
 
 
 def plan_bursts(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]], spans: Sequence[tuple[int, int]],
-                config: ProfileConfig) -> tuple[MemoryPlan, tuple[int, ...]]:  # fmt: skip
-    """The memory plan of every group and range, and the sizes every group fits (at least two, else
-    :class:`ProfilingError` naming the group that does not fit)."""
+                config: ProfileConfig) -> tuple[MemoryPlan, tuple[int, ...], list[Need]]:  # fmt: skip
+    """The memory plan of every group and range, the sizes every group fits (at least two, else
+    :class:`ProfilingError` naming the group that does not fit) and the needs it planned for."""
     needs = burst_needs(built, chain, groups, spans, config.context_layers)
     resident = _param_bytes(built, range(len(built.layers))) + chain.kept_bytes()
     have = available_bytes(config.device, cap_bytes=config.memory_cap_bytes, resident_bytes=resident)
@@ -477,7 +470,7 @@ def plan_bursts(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]]
             f"the profiler may use ({gigabytes(needs[g].kept_per_sample)} kept per sample); at least two sizes must "
             "fit: free memory (or raise --memory-limit-gb) or profile a smaller model"
         )  # fmt: skip
-    return mp, sizes
+    return mp, sizes, needs
 
 
 def memory_note(mp: MemoryPlan, needs: Sequence[Need], groups: int, requested: Sequence[int],
@@ -523,7 +516,7 @@ def profile_model(
     chain = run_chain(built, config.sizes, config.device, step, precision=config.precision,
                       cap_bytes=config.memory_cap_bytes)  # fmt: skip
     groups = pool_groups(chain.signatures) if config.pool else [[i] for i in range(L)]
-    mp, sizes = plan_bursts(built, chain, groups, all_spans, config)
+    mp, sizes, needs = plan_bursts(built, chain, groups, all_spans, config)
     mid = sizes[len(sizes) // 2]
     G = len(groups)
     spans = [sp for n, sp in enumerate(all_spans) if (mp.largest[G + n] or 0) >= mid]
@@ -546,7 +539,6 @@ def profile_model(
     share = cpu_share_of(measured, config.device)
     quality = assess(layers, groups=groups, calibration=calibration, rounds=config.repeats, cpu_share=share,
                      device_type=config.device.type)  # fmt: skip
-    needs = burst_needs(built, chain, groups, all_spans, config.context_layers)
     memory = {
         "budget_bytes": mp.budget_bytes, "cap_bytes": config.memory_cap_bytes,
         "in_flight": {needs[t].name: mp.in_flight[t] for t in range(len(needs))},
@@ -556,8 +548,9 @@ def profile_model(
     }  # fmt: skip
     flights = sorted({mp.in_flight[t] for t in range(G)})
     measurement = {
-        "method": "interleaved rounds, pooled identical layers, each timed among its neighbours, monotone fit "
-                  "(umsearch.measure.profiler)",
+        "method": "interleaved rounds, pooled identical layers, "
+                  + ("each timed among its neighbours, " if config.context_layers > 1 else "")
+                  + "monotone fit (umsearch.measure.profiler)",
         "context_layers": config.context_layers,
         "rounds": config.repeats, "repeats": config.repeats, "warmup_rounds": config.warmup_rounds,
         "in_flight": flights[0] if len(flights) == 1 else f"{flights[0]}-{flights[-1]}", "order": ORDER,
