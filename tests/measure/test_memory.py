@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from umsearch.core.profile import Link
+from umsearch.measure.host_memory import keep_freed_memory
 from umsearch.measure.memory import HEADROOM, Need, chain_bytes, plan_memory
 from umsearch.measure.profiler import ProfileConfig, profile_model
 from umsearch.nn.models import ModelSpec, build_model
@@ -89,6 +90,8 @@ def test_without_a_cap_every_size_is_measured_with_eight_graphs() -> None:
     assert set(memory["in_flight"].values()) == {8} and prof.extra["measurement"]["in_flight"] == 8
     assert prof.extra["measurement"]["context_layers"] == 4
     assert "each timed among its neighbours" in prof.extra["measurement"]["method"]
+    # On CPU the record says how the allocator was set for the bursts (nothing outside glibc).
+    assert prof.extra["measurement"]["host_allocator"] == keep_freed_memory()
 
 
 def test_a_layer_timed_among_its_neighbours_needs_the_memory_of_its_whole_window() -> None:

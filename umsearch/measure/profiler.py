@@ -18,7 +18,10 @@
    measurement is a burst (:mod:`umsearch.measure.burst`) holding one group's
    graphs, all released before the next cell; the round's sample is the
    burst's median. A few rounds also time stage-sized ranges (halves
-   and quarters of the model) end to end: the calibration check.
+   and quarters of the model) end to end: the calibration check. On CPU,
+   glibc's malloc is told to keep freed memory first
+   (:mod:`umsearch.measure.host_memory`), so that a burst reuses buffers as a
+   training step does instead of faulting in fresh pages.
 4. Fit (:mod:`umsearch.measure.fit`): per group and quantity, the raw median
    and IQR of the rounds at each size, and the monotone fit over all rounds,
    which is the profile's value.
@@ -41,6 +44,7 @@ from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import LayerProfile, Link, Profile
 from umsearch.measure.burst import QUANTITIES, Unit, burst, leaf
 from umsearch.measure.fit import Curve, fit_curve, iqr, median
+from umsearch.measure.host_memory import keep_freed_memory
 from umsearch.measure.memory import (
     MemoryPlan,
     Need,
@@ -315,6 +319,8 @@ class Measured:
     """Per timed round: process CPU time over wall time."""
     duration_s: float
     """Wall time of all rounds."""
+    host_allocator: str | None = None
+    """What :func:`~umsearch.measure.host_memory.keep_freed_memory` set (CPU), None where nothing was."""
 
 
 def measure_cells(
@@ -323,6 +329,7 @@ def measure_cells(
 ) -> Measured:  # fmt: skip
     """Run the rounds of ``cells`` (and ``extra`` in the calibration rounds); see the module doc."""
     warm, R = config.warmup_rounds, config.repeats
+    allocator = keep_freed_memory() if config.device.type == "cpu" else None
     marked = [warm + r for r in calibration_rounds(R, config.calibration_rounds)] if extra else []
     plan = schedule(cells, warm + R, seed=config.seed, extra=extra, extra_rounds=marked)
     samples: dict[Cell, dict[str, list[float]]] = {c: {q: [] for q in QUANTITIES} for c in [*cells, *extra]}
@@ -353,7 +360,8 @@ def measure_cells(
         if r >= warm:
             shares.append((time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9))
     sizes = tuple(sorted({c.size for c in cells if too_big is None or c.size < too_big}))
-    return Measured(samples=samples, sizes=sizes, cpu_share=tuple(shares), duration_s=time.perf_counter() - start)
+    return Measured(samples=samples, sizes=sizes, cpu_share=tuple(shares), duration_s=time.perf_counter() - start,
+                    host_allocator=allocator)  # fmt: skip
 
 
 def steps(config: ProfileConfig, cells: int, extra: int) -> int:
@@ -559,7 +567,8 @@ def profile_model(
         "threads": torch.get_num_threads(), "device": str(config.device), "pooling": config.pool,
         "split_backward": "umsearch.nn.backward: B backward_full, I backward_input, W backward_weight (deferred)"
         if config.split else None,
-        "timing": TIMING[config.device.type == "cuda"], "precision": switches, "memory": memory,
+        "timing": TIMING[config.device.type == "cuda"], "host_allocator": measured.host_allocator,
+        "precision": switches, "memory": memory,
         "duration_s": time.perf_counter() - start, "cpu_share": share,
         "cpu_share_per_round": list(measured.cpu_share), "loadavg_1m": [load_before, _loadavg()],
     }  # fmt: skip
