@@ -8,8 +8,8 @@ alternates layers, sizes and stage-sized ranges from one burst to the next,
 never settles, and on CPU it paid those page faults inside the timed calls.
 On the hybrid zoo model (2 ranks' CPU machine) a transformer block's forward
 measured 5.0 / 8.8 / 20.0 ms at 8 / 16 / 32 samples that way, against 3.3 /
-6.3 / 12.4 ms with freed memory kept, which is what the runtime's actions
-took; its stage-sized range check went from 16% under the layers' sum to 1.5%.
+6.3 / 12.4 ms with freed memory kept, what the same burst took run by
+itself; its stage-sized range check went from 16% under the layers' sum to 1.5%.
 
 CUDA needs nothing: torch's caching allocator already keeps device memory.
 """
@@ -17,7 +17,6 @@ CUDA needs nothing: torch's caching allocator already keeps device memory.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -35,10 +34,8 @@ def keep_freed_memory() -> str | None:
     """Make glibc's malloc keep freed memory for reuse in this process (for good: the thresholds stop
     adapting); a description of what was set, for the profile's measurement record, or None where
     the C library has no ``mallopt`` (not glibc: nothing changed)."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
     except (OSError, AttributeError, TypeError):
         return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
