@@ -20,6 +20,10 @@ intervals:
 - ``torch_over_umsearch``: the schedule on torch's runtime over itself on
   umsearch's runtime.
 
+Each of ``--launches`` launches (fresh rank processes) measures all three
+again: a launch's interval covers the noise within it, and the medians of
+several launches show how far a result moves from one launch to the next.
+
 It writes ``results/bench/same_schedule.json`` with its environment and every
 contender's drift between the halves of its rounds. Every figure in it was
 measured in that run, except the predicted ratios, which are read from the
@@ -33,13 +37,14 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.stats import drift, environment, ratio, summary
 from umsearch.core.jsonio import write_json
 
-SCHEMA = "umsearch.bench.same_schedule/1"
+SCHEMA = "umsearch.bench.same_schedule/2"
 SEED = 0
 
 
@@ -57,8 +62,39 @@ def _pick(section: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | No
     return (winner, peer) if winner["measured_median_ms"] < peer["measured_median_ms"] else None
 
 
-def measure_model(section: dict[str, Any], rounds: int) -> dict[str, Any]:
-    """The three contenders of one model, measured side by side; see the module doc."""
+RATIOS = {"on_umsearch": (1, 0), "on_torch": (2, 0), "torch_over_umsearch": (2, 1)}
+"""Each reported ratio: (numerator, denominator) indices into the three contenders."""
+
+
+def _launch(
+    times: list[list[float]], names: Sequence[tuple[str, str]], predicted: float
+) -> dict[str, Any]:
+    """One launch's contenders and paired ratios (the predicted ratio against the first two)."""
+    half = len(times[0]) // 2
+    out: dict[str, Any] = {"contenders": [{"name": n, "runtime": rt, **summary(t), "drift": drift(t[:half], t[half:])}
+                                          for (n, rt), t in zip(names, times, strict=True)]}  # fmt: skip
+    for key, (i, j) in RATIOS.items():
+        r = ratio(times[i], times[j])
+        out[key] = {k: r[k] for k in ("median", "ci95", "n")}
+        if key != "torch_over_umsearch":
+            out[key]["predicted_inside"] = r["ci95"][0] <= predicted <= r["ci95"][1]
+    return out
+
+
+def _between(launches: list[dict[str, Any]], predicted: float) -> dict[str, Any]:
+    """Per ratio: every launch's median, their range, and whether the prediction lies in that range."""
+    out = {}
+    for key in RATIOS:
+        meds = [x[key]["median"] for x in launches]
+        out[key] = {"medians": meds, "range": [min(meds), max(meds)]}
+        if key != "torch_over_umsearch":
+            out[key]["predicted_inside_range"] = min(meds) <= predicted <= max(meds)
+    return out
+
+
+def measure_model(section: dict[str, Any], rounds: int, launches: int = 1) -> dict[str, Any]:
+    """The three contenders of one model, measured side by side in ``launches`` separate launches (fresh
+    rank processes each); see the module doc."""
     from umsearch.core.model_spec import ModelSpec
     from umsearch.core.plan_io import plan_from_json
     from umsearch.orchestrate.measure import Entry, machine
@@ -76,45 +112,45 @@ def measure_model(section: dict[str, Any], rounds: int) -> dict[str, Any]:
                Entry(name=f"{peer['schedule']} on umsearch's runtime", plan=peer_plan, runtime="umsearch"),
                Entry(name=f"{peer['schedule']} on torch's runtime", plan=peer_plan, runtime="torch",
                      schedule=peer["schedule"])]  # fmt: skip
-    got = machine(spec_factory(spec, SEED), cfg)(entries, rounds)
-    times = [list(m.step_ms) for m in got]
-    half = rounds // 2
     predicted = peer["predicted_after_ms"] / winner["predicted_after_ms"]
+    measure = machine(spec_factory(spec, SEED), cfg)
+    names = [(e.name, e.runtime) for e in entries]
+    runs = [
+        _launch([list(m.step_ms) for m in measure(entries, rounds)], names, predicted)
+        for _ in range(launches)
+    ]
+    return {"tuned_plan": winner["name"], "torch_schedule": peer["schedule"], "predicted": predicted,
+            "launches": runs, "between_launches": _between(runs, predicted)}  # fmt: skip
 
-    def against(r: dict[str, Any], pred: float | None) -> dict[str, Any]:
-        out = {k: r[k] for k in ("median", "ci95", "n")}
-        if pred is not None:
-            out.update(predicted=pred, predicted_inside=r["ci95"][0] <= pred <= r["ci95"][1])
-        return out
 
-    return {
-        "tuned_plan": winner["name"], "torch_schedule": peer["schedule"],
-        "contenders": [{"name": e.name, "runtime": e.runtime, **summary(t), "drift": drift(t[:half], t[half:])}
-                       for e, t in zip(entries, times, strict=True)],
-        "on_umsearch": against(ratio(times[1], times[0]), predicted),
-        "on_torch": against(ratio(times[2], times[0]), predicted),
-        "torch_over_umsearch": against(ratio(times[2], times[1]), None),
-    }  # fmt: skip
+def _fmt(x: dict[str, Any]) -> str:
+    lo, hi = x["ci95"]
+    return f"{x['median']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def _print(name: str, r: dict[str, Any]) -> None:
     if "skipped" in r:
         print(f"{name}: skipped ({r['skipped']})", file=sys.stderr)
         return
-
-    def fmt(x: dict[str, Any]) -> str:
-        lo, hi = x["ci95"]
+    print(
+        f"{name}: {r['torch_schedule']} / {r['tuned_plan']}, predicted {r['predicted']:.3f}",
+        file=sys.stderr,
+    )
+    for k, x in enumerate(r["launches"]):
+        worst = max(abs(c["drift"]) for c in x["contenders"])
+        print(f"  launch {k + 1}: on umsearch's runtime {_fmt(x['on_umsearch'])}; on torch's runtime "
+              f"{_fmt(x['on_torch'])}; torch's / umsearch's runtime, same plan {_fmt(x['torch_over_umsearch'])}; "
+              f"drift max {worst:.1%}", file=sys.stderr)  # fmt: skip
+    for key, b in r["between_launches"].items():
+        lo, hi = b["range"]
         inside = (
             ""
-            if "predicted" not in x
-            else f", predicted {x['predicted']:.3f} {'inside' if x['predicted_inside'] else 'outside'}"
+            if "predicted_inside_range" not in b
+            else (
+                " (prediction inside)" if b["predicted_inside_range"] else " (prediction outside)"
+            )
         )
-        return f"{x['median']:.3f} [{lo:.3f}, {hi:.3f}]{inside}"
-
-    worst = max(abs(c["drift"]) for c in r["contenders"])
-    print(f"{name}: {r['torch_schedule']} / {r['tuned_plan']}: on umsearch's runtime {fmt(r['on_umsearch'])}; "
-          f"on torch's runtime {fmt(r['on_torch'])}; torch's runtime / umsearch's on the same plan "
-          f"{fmt(r['torch_over_umsearch'])}; drift max {worst:.1%}", file=sys.stderr)  # fmt: skip
+        print(f"  {key}: launch medians {lo:.3f}-{hi:.3f}{inside}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,7 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--models", default=None, help="comma-separated model names (default: every one found)"
     )
-    ap.add_argument("--rounds", type=int, default=40, help="rotated measured rounds")
+    ap.add_argument("--rounds", type=int, default=40, help="rotated measured rounds per launch")
+    ap.add_argument(
+        "--launches", type=int, default=3, help="separate launches (fresh rank processes) per model"
+    )
     ap.add_argument("--out", default="results/bench/same_schedule.json", help="output file")
     a = ap.parse_args(argv)
     sections: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -133,11 +172,11 @@ def main(argv: list[str] | None = None) -> None:
             sections[name] = (path, sec)
     names = a.models.split(",") if a.models else list(sections)
     doc: dict[str, Any] = {"schema": SCHEMA, "command": " ".join(["python -m benchmarks.same_schedule", *sys.argv[1:]]),
-                           "environment": environment(), "rounds": a.rounds, "models": {}}  # fmt: skip
+                           "environment": environment(), "rounds": a.rounds, "launches": a.launches, "models": {}}  # fmt: skip
     start = time.perf_counter()
     for name in names:
         path, sec = sections[name]
-        r = measure_model(sec, a.rounds)
+        r = measure_model(sec, a.rounds, a.launches)
         doc["models"][name] = {"tune_json": path, **r}
         _print(name, r)
         doc["wall_s"] = time.perf_counter() - start
