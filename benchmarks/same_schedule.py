@@ -65,6 +65,9 @@ def _pick(section: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | No
 RATIOS = {"on_umsearch": (1, 0), "on_torch": (2, 0), "torch_over_umsearch": (2, 1)}
 """Each reported ratio: (numerator, denominator) indices into the three contenders."""
 
+PREDICTED = frozenset({"on_umsearch", "on_torch"})
+"""The ratios the model predicts (torch schedule over tuned plan); the runtimes' ratio it does not."""
+
 
 def _launch(
     times: list[list[float]], names: Sequence[tuple[str, str]], predicted: float
@@ -76,7 +79,7 @@ def _launch(
     for key, (i, j) in RATIOS.items():
         r = ratio(times[i], times[j])
         out[key] = {k: r[k] for k in ("median", "ci95", "n")}
-        if key != "torch_over_umsearch":
+        if key in PREDICTED:
             out[key]["predicted_inside"] = r["ci95"][0] <= predicted <= r["ci95"][1]
     return out
 
@@ -87,7 +90,7 @@ def _between(launches: list[dict[str, Any]], predicted: float) -> dict[str, Any]
     for key in RATIOS:
         meds = [x[key]["median"] for x in launches]
         out[key] = {"medians": meds, "range": [min(meds), max(meds)]}
-        if key != "torch_over_umsearch":
+        if key in PREDICTED:
             out[key]["predicted_inside_range"] = min(meds) <= predicted <= max(meds)
     return out
 

@@ -32,14 +32,14 @@ MMAP_FALLBACK = 32 * 2**20
 
 def keep_freed_memory() -> str | None:
     """Make glibc's malloc keep freed memory for reuse in this process (for good: the thresholds stop
-    adapting); a description of what was set, for the profile's measurement record, or None where
-    the C library has no ``mallopt`` (not glibc: nothing changed)."""
+    adapting); a description of the thresholds it set, for the profile's measurement record, or None
+    where it set none (no ``mallopt``: not glibc, nothing changed)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
     except (OSError, AttributeError, TypeError):
         return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     mmap = next((v for v in (KEEP_BYTES, MMAP_FALLBACK) if mallopt(M_MMAP_THRESHOLD, v)), None)
-    if mmap is None or not mallopt(M_TRIM_THRESHOLD, KEEP_BYTES):
-        return None
-    return f"glibc malloc keeps freed memory (mallopt M_MMAP_THRESHOLD {mmap}, M_TRIM_THRESHOLD {KEEP_BYTES})"
+    trim = KEEP_BYTES if mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) else None
+    set_ = [f"{name} {v}" for name, v in (("M_MMAP_THRESHOLD", mmap), ("M_TRIM_THRESHOLD", trim)) if v is not None]
+    return f"glibc malloc keeps freed memory (mallopt {', '.join(set_)})" if set_ else None
