@@ -378,23 +378,31 @@ def test_search_out_refuses_a_file_of_the_users_before_searching(tmp_path: Path,
     (out / "report.md").write_text("my report")
     code, err = _search(tmp_path, capsys, out)
     assert code == 1 and err.count("\n") == 1, err
-    assert "report.md' was not written by umsearch; move it away or choose another folder" in err
+    assert "report.md' was not written by umsearch (the folder has no .umsearch-outputs.json); move it away or " \
+           "choose another folder" in err
     assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "my report"
 
 
-def test_a_killed_searchs_staging_folders_are_removed_by_the_next(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_killed_searchs_staging_folder_is_removed_by_the_next(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Only a staging folder whose marker proves it a dead run's goes; nothing beside --out is looked at."""
+    from umsearch.core.output_folder import STAGING_MARKER, make_staging
+
     save_profile(uniform_profile(), tmp_path / "prof.json")
     _raw(tmp_path, "s.toml", b'profile = "prof.json"\nranks = 2\nglobal_batch = 8\n')
     out = tmp_path / "res"
-    # What SIGKILL leaves: this version's staging folder inside the output, the older one's beside it.
-    (out / ".umsearch-staging.k1ll3d0n").mkdir(parents=True)
-    (out / ".umsearch-staging.k1ll3d0n" / "plan.json").write_text("{}")
-    (tmp_path / ".res.abcd_123").mkdir()
+    out.mkdir()
+    killed = make_staging(out)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    marker = json.loads((killed / STAGING_MARKER).read_text())
+    (killed / STAGING_MARKER).write_text(json.dumps({**marker, "pid": dead.pid}))
+    (killed / "plan.json").write_text("{}")
+    (tmp_path / ".res.abcd_123").mkdir()  # named like an old version's staging, but the user's
     (tmp_path / ".res.abcd_123" / "pareto.json").write_text("{}")
     code, err = _search(tmp_path, capsys, out)
     assert code == 0, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["prof.json", "res", "s.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".res.abcd_123", "prof.json", "res", "s.toml"]
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".umsearch-outputs.json"]
 
 

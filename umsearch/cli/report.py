@@ -2,7 +2,7 @@
 
 Every file is first written into a staging folder inside the output folder;
 only when all of them are there are they renamed into place, ``plan.json``
-last (:class:`umsearch.core.outputs.OutputFolder`). Files the user keeps in the
+last (:class:`umsearch.core.output_folder.OutputFolder`). Files the user keeps in the
 folder are left alone: only what the previous search wrote there (its
 manifest) is replaced or removed, and never an input the search read. So a
 Ctrl-C, a full disk or a second search into the same ``--out`` never leaves a
@@ -20,9 +20,10 @@ from umsearch.cli.tables import format_bytes
 from umsearch.core.cost import CostModel
 from umsearch.core.errors import OutputError
 from umsearch.core.jsonio import write_json, write_text_atomic
-from umsearch.core.outputs import OutputFolder
+from umsearch.core.output_folder import OutputFolder
 from umsearch.core.plan_io import PlanDocument, save_document
 from umsearch.core.profile import Profile, file_sha256
+from umsearch.search.baselines import GREEDY
 from umsearch.search.driver import SearchResult
 from umsearch.search.scoring import Scored
 from umsearch.search.space import SearchSpace
@@ -35,9 +36,14 @@ FILES = ("plan.json", "pareto.json", "baselines.json", "report.md", "pareto.png"
 """What a search writes into its output folder."""
 
 
+def baseline_file(name: str) -> str:
+    """Where a search writes baseline ``name``'s plan, relative to its output folder."""
+    return f"baselines/{name.replace(' ', '_')}.json"
+
+
 def best_peer(result: SearchResult) -> Scored | None:
     """The fastest torch.distributed.pipelining baseline (the bar to clear)."""
-    peers = [b for name, b in result.baselines.items() if b is not None and name != "local greedy"]
+    peers = [b for name, b in result.baselines.items() if b is not None and name != GREEDY]
     return min(peers, key=lambda b: b.iteration_ms, default=None)
 
 
@@ -192,8 +198,7 @@ def _write_all(result: SearchResult, space: SearchSpace, profile: Profile, folde
     (folder / "baselines").mkdir()
     for name, b in result.baselines.items():
         if b is not None:  # each as a plan file of its own, for umsearch compare / run / export
-            save_document(document(b, space, profile, profile_path, f"baseline {name}"),
-                          folder / "baselines" / f"{name.replace(' ', '_')}.json")  # fmt: skip
+            save_document(document(b, space, profile, profile_path, f"baseline {name}"), folder / baseline_file(name))
     write_text_atomic(folder / "report.md", _report_md(result, space, profile, profile_path))
     front = [(s.iteration_ms, s.max_memory) for s in result.pareto]
     marks = {k: (v.iteration_ms, v.max_memory) for k, v in result.baselines.items() if v is not None}
@@ -211,7 +216,8 @@ def output_folder(out: str | Path, space: SearchSpace, space_path: str | None) -
     The space TOML and the profile are the search's inputs: never replaced or removed.
     """
     inputs = [Path(space.profile), *([Path(space_path)] if space_path else [])]
-    return OutputFolder(out, "--out", inputs=inputs, expected=FILES, last=("plan.json",))
+    expected = [*FILES, *(baseline_file(n) for n in (*space.schedule.peers, GREEDY))]
+    return OutputFolder(out, "--out", inputs=inputs, expected=expected, last=("plan.json",))
 
 
 def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, out: OutputFolder,

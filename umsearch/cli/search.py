@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from umsearch.cli.console import console
+from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.report import (
     comparison_rows,
     comparison_table,
@@ -91,7 +92,8 @@ def search_command(space_path: str | None, cluster_path: str | None, out: str | 
     # An empty --out is a mistake, not a request for the default folder.
     folder = output_folder(Path("results") / space.name if out is None else out, space, space_path)
     profile = load_profile(space.profile)
-    result = _run(space, profile, quiet or as_json)
+    with StopSignals() as stops:
+        result = _run(space, profile, quiet or as_json)
     paths = write_outputs(result, space, profile, folder, pick)
     target = folder.path
     if as_json:
@@ -103,7 +105,7 @@ def search_command(space_path: str | None, cluster_path: str | None, out: str | 
     else:
         _print(result, space, profile, quiet, paths)
     if result.interrupted:
-        sys.exit(130)
+        sys.exit(stops.exit_code(True))
 
 
 def _cluster_json(result: SearchResult) -> dict[str, Any]:

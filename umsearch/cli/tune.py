@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from umsearch.cli.calibrate import _spec
 from umsearch.cli.console import console, err_console
+from umsearch.cli.interrupts import StopSignals
 from umsearch.core.profile import load_profile
 
 
@@ -73,10 +75,10 @@ def tune_command(profile_path: str, ranks: int, global_batch: int, k: int, max_r
     """Search, run the K best plans and every torch schedule for real, refit, repeat; plan.json is the
     contender that MEASURED fastest (a torch schedule if one did, exported for torchtitan)."""
     from umsearch.core.errors import ModelSpecError
-    from umsearch.core.outputs import OutputFolder
+    from umsearch.core.output_folder import OutputFolder
     from umsearch.orchestrate.trust import trust_line
-    from umsearch.orchestrate.tune import TuneConfig, tune_meta, tune_on_machine
-    from umsearch.orchestrate.tune_output import FILES, fill, verdict
+    from umsearch.orchestrate.tune import TuneConfig, stopped_by, tune_meta, tune_on_machine
+    from umsearch.orchestrate.tune_output import EXPORT_FILES, FILES, fill, verdict
     from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.factory import spec_factory
     from umsearch.search.space import build_space
@@ -95,11 +97,11 @@ def tune_command(profile_path: str, ranks: int, global_batch: int, k: int, max_r
                      scales=scales, state_factor=space.state_factor)  # type: ignore[arg-type]  # fmt: skip
     run_cfg = RunConfig(warmup_steps=warmup_steps, seed=seed, launch=LaunchConfig(threads=threads, timeout_s=600))
     target = Path(out) if out else Path("results") / "tune" / Path(profile_path).stem
-    folder = OutputFolder(target, "--out", inputs=[profile_path], expected=FILES)  # refused before any work
+    folder = OutputFolder(target, "--out", inputs=[profile_path], expected=(*FILES, *EXPORT_FILES))  # before any work
     err_console.print(trust_line(profile, profile_path), soft_wrap=True, markup=False)
     columns = (TextColumn("[bold]{task.description:<9}[/]"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=err_console, disable=as_json) as bar:
+    with StopSignals() as stops, Progress(*columns, console=err_console, disable=as_json) as bar:
         tasks: dict[int, Any] = {}
 
         def show(p: Any) -> None:
@@ -108,9 +110,12 @@ def tune_command(profile_path: str, ranks: int, global_batch: int, k: int, max_r
             bar.update(tasks[p.round], completed=p.done, info=p.phase)
 
         result = tune_on_machine(profile, space, spec_factory(spec, seed), cfg, run_cfg, on_progress=show)
+    if result.interrupted and stops.received is not None:  # the search inside keeps only that it was stopped
+        result = dataclasses.replace(result, stopped=stopped_by(stops.received))
     if not result.rounds:
-        err_console.print("interrupted before a round was measured; nothing was written", markup=False)
-        sys.exit(130)
+        err_console.print(f"{result.stopped.split(';')[0]} before a round was measured; nothing was written",
+                          markup=False)  # fmt: skip
+        sys.exit(stops.exit_code(True))
     meta = tune_meta(space, cfg, run_cfg, profile_path)
     names = [lay.name for lay in profile.layers]
     written = folder.write(lambda stage: fill(stage, result, meta, names))
@@ -127,6 +132,6 @@ def tune_command(profile_path: str, ranks: int, global_batch: int, k: int, max_r
         console.print(f"stopped: {escape(result.stopped)} ({len(result.rounds)} round(s), {result.wall_s / 60:.1f} min)")
         console.print("wrote " + escape(", ".join(p.name for p in written)) + f" into {escape(str(target))}/")
     if result.interrupted:
-        err_console.print(f"interrupted: kept and wrote the {len(result.rounds)} round(s) measured before it",
-                          markup=False)  # fmt: skip
-        sys.exit(130)
+        err_console.print(f"{result.stopped.split(';')[0]}: kept and wrote the {len(result.rounds)} round(s) "
+                          "measured before it", markup=False)  # fmt: skip
+        sys.exit(stops.exit_code(True))

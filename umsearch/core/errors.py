@@ -41,3 +41,16 @@ class OutputError(UmsearchError):
 
 class RuntimeExecutionError(UmsearchError):
     """Executing a plan with the distributed runtime failed."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGTERM, SIGHUP, SIGINT) asked a long job to stop; it stops as for Ctrl-C and keeps its work.
+
+    ``signum`` says which; a command exits with ``128 + signum`` as a shell reports it (SIGTERM 143).
+    """
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from umsearch.core.errors import UmsearchError
+from umsearch.core.files import FileTooLarge, NotRegularFile, read_bounded
 from umsearch.core.outputs import write_output_file
 from umsearch.core.paths import path_text
 
@@ -60,26 +60,23 @@ def check_input_path(path: str | os.PathLike[str], what: str, error: type[Umsear
 def read_text(path: str | os.PathLike[str], what: str, error: type[UmsearchError]) -> str:
     """The UTF-8 text of a regular file, raising ``error`` with the path and the reason when it cannot.
 
-    The path must pass :func:`check_input_path`. FIFOs, devices and
-    directories are refused before opening (reading a FIFO would block
-    forever), and so are files over :data:`MAX_INPUT_BYTES`.
+    The path must pass :func:`check_input_path`. FIFOs, sockets, devices,
+    directories and links to them are refused without blocking or reading
+    (:func:`umsearch.core.files.read_bounded`), and so are files over
+    :data:`MAX_INPUT_BYTES`.
     """
     p = check_input_path(path, what, error)
     try:
-        info = p.stat()
+        data = read_bounded(p, MAX_INPUT_BYTES)
     except FileNotFoundError:
         raise error(f"{what} file {str(p)!r} does not exist; check the path") from None
+    except NotRegularFile as exc:
+        kind = "a directory" if exc.what == "a folder" else f"{exc.what}, not a regular file"
+        raise error(f"{what} path {str(p)!r} is {kind}; give a {what} file") from None
+    except FileTooLarge as exc:
+        raise error(f"{what} file {str(p)!r} has {exc.size} bytes, over the limit of {MAX_INPUT_BYTES}") from None
     except OSError as exc:
-        raise error(f"cannot read {what} file {str(p)!r}: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-        raise error(f"{what} path {str(p)!r} is {kind}; give a {what} file")
-    if info.st_size > MAX_INPUT_BYTES:
-        raise error(f"{what} file {str(p)!r} has {info.st_size} bytes, over the limit of {MAX_INPUT_BYTES}")
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise error(f"cannot read {what} file {str(p)!r}: {exc.strerror}") from None
+        raise error(f"cannot read {what} file {str(p)!r}: {exc.strerror or exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import signal
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +46,13 @@ STOP_REPEAT = "the same contender measured fastest in two consecutive rounds"
 STOP_ROUNDS = "the rounds were spent"
 STOP_BUDGET = "the time budget was spent"
 STOP_INTERRUPTED = "interrupted (Ctrl-C); the rounds measured before are kept"
+
+
+def stopped_by(signum: int) -> str:
+    """Why the loop ended when signal ``signum`` stopped it (Ctrl-C: :data:`STOP_INTERRUPTED`)."""
+    if signum == signal.SIGINT:
+        return STOP_INTERRUPTED
+    return f"terminated by {signal.Signals(signum).name}; the rounds measured before are kept"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,8 +282,8 @@ def tune(profile: Profile, propose: ProposeFn, measure: MeasureFn, cfg: TuneConf
             if why is not None:
                 stopped = why
                 break
-    except KeyboardInterrupt:
-        stopped, interrupted = STOP_INTERRUPTED, True
+    except KeyboardInterrupt as exc:
+        stopped, interrupted = stopped_by(getattr(exc, "signum", signal.SIGINT)), True
     return TuneResult(rounds=tuple(loop.rounds), profile=loop.current, stopped=stopped, interrupted=interrupted,
                       wall_s=time.monotonic() - start)  # fmt: skip
 

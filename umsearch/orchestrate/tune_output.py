@@ -1,7 +1,7 @@
 """What ``umsearch tune`` writes: ``tune.json`` (``umsearch.tune/1``), ``report.md``, the refitted profile,
 ``plan.json`` (the contender that measured fastest) and, when a torch schedule won, its export.
 
-Everything goes through :class:`umsearch.core.outputs.OutputFolder`: into a
+Everything goes through :class:`umsearch.core.output_folder.OutputFolder`: into a
 staging folder first, then into place, ``plan.json`` last, leaving files the
 user put in the folder alone.
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.errors import Interrupted, RuntimeExecutionError
 from umsearch.runtime.config import LaunchConfig
 from umsearch.runtime.triage import first_failure, ranks_text
 
@@ -29,12 +29,8 @@ _STOP_GRACE_S = 10.0
 """How long torchrun, then each rank, may take to stop after SIGTERM before it is killed."""
 
 
-class LaunchInterrupted(KeyboardInterrupt):
+class LaunchInterrupted(Interrupted):
     """The launcher got SIGTERM, SIGHUP or SIGINT; every process of the launch was stopped first."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class Signals:

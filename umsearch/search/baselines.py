@@ -64,6 +64,9 @@ class Shape:
                          zero1=t.zero1)  # fmt: skip
 
 
+GREEDY = "local greedy"
+"""The name of the local greedy baseline (not a torch schedule: never the bar to clear)."""
+
 def _template(peer: PeerSchedule, rules: Rules, v: int, m: int) -> ArrayPlan:
     R, S = rules.ranks, rules.ranks * v
     split = np.tile(np.asarray(equal_split(rules.batch, m), dtype=np.int64), S)
@@ -197,7 +200,7 @@ def greedy_baseline(rules: Rules, score: Scorer, tables: CostTables, cuts: Seque
                    recompute=np.zeros(R, dtype=np.bool_), fwd=flat, fwd_len=lens, bwd=flat, bwd_len=lens,
                    act=np.array([a.code for r in acts for a in r], dtype=np.int64),
                    act_len=np.array([len(a) for a in acts], dtype=np.int64))  # fmt: skip
-    s = score.scored_plan(ap, "local greedy", "each stage at its best per-sample size, 1F1B order")
+    s = score.scored_plan(ap, GREEDY, "each stage at its best per-sample size, 1F1B order")
     return s if np.isfinite(s.iteration_ms) and s.max_memory <= score.memory_limit else None
 
 
@@ -216,7 +219,7 @@ def baselines(space: SearchSpace, rules: Rules, score: Scorer, tables: CostTable
     v1 = [s for s in out.values() if s is not None and s.plan.num_stages == rules.ranks]
     cuts = ((0, *[st.lo for st in v1[0].plan.stages[1:]], rules.num_layers) if v1
             else stage_cuts(tables, rules.largest, rules.ranks))  # fmt: skip
-    out["local greedy"] = greedy_baseline(rules, score, tables, cuts)
+    out[GREEDY] = greedy_baseline(rules, score, tables, cuts)
     if tick is not None:
         tick(len(space.schedule.peers) + 1, len(space.schedule.peers) + 1)
     return out
