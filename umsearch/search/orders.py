@@ -33,13 +33,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads, prange
 
 from umsearch.core.actions import F, I, W
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
 from umsearch.sim import kernels
 from umsearch.sim.batch import ArrayPlan, FloatArray, IntArray, offsets
+from umsearch.sim.jit import njit
 
 POLICIES = {
     0: "backwards first (deepest stage first), then forwards, deepest stage first",

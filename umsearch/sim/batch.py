@@ -33,13 +33,14 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads, prange
 
 from umsearch.core.actions import MAX_STAGES, Action, B, W
 from umsearch.core.cluster import DEFAULT_LAYOUT, Cluster, copies_span_nodes, device, ms_per_byte
 from umsearch.core.cost import CostTables
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, Stage
+from umsearch.sim.jit import njit
 from umsearch.sim.kernels import (
     code_kind,
     code_mb,

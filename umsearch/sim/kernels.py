@@ -14,10 +14,9 @@ feeds and does to memory, and how an action is coded, are compiled from
 
 from __future__ import annotations
 
-from numba import njit
-
 from umsearch.core import actions
 from umsearch.core.actions import FEEDS
+from umsearch.sim.jit import njit
 
 action_code = njit(cache=True)(actions.action_code)
 code_kind = njit(cache=True)(actions.code_kind)
