@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -30,30 +30,22 @@ from umsearch.core.cost import CostModel, CostTables
 from umsearch.core.errors import NoFeasiblePlanError, SearchSpaceError
 from umsearch.core.profile import Profile
 from umsearch.search.bound import lower_bound
-from umsearch.search.driver import BASELINE_SHARE, Progress, SearchResult, _front, _Run
 from umsearch.search.factorize import Factorization, Memory, Placement, Pruned, factorizations
 from umsearch.search.genome import Rules
+from umsearch.search.pipeline_search import (
+    BASELINE_SHARE,
+    Outcome,
+    Progress,
+    Run,
+    SearchResult,
+    pareto_front,
+)
 from umsearch.search.scoring import Scored
 from umsearch.search.space import MAX_RANKS, SearchSpace
 from umsearch.sim.batch import encode, evaluate, pack
 
 SEARCHED = 3
 """Factorizations that get NSGA-II and the polish after screening (the fastest screened ones)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Outcome:
-    """What the search found for one factorization."""
-
-    factorization: Factorization
-    umsearch_ms: float
-    """Fastest feasible searched plan (inf: none)."""
-    peer: Scored | None
-    """Fastest feasible torch schedule on it (None: none fits)."""
-    searched: bool
-    """Whether it got NSGA-II and the polish (else screening only)."""
-    evaluations: int
-    """Candidates it scored."""
 
 
 def memory_of(space: SearchSpace, profile: Profile) -> Memory:
@@ -103,9 +95,9 @@ def search_cluster(space: SearchSpace, profile: Profile,
     share = space.search.time_budget_s * BASELINE_SHARE / len(keep)
     try:
         for i, f in enumerate(keep):
-            run = _Run(replica_space(space, f), profile, on_progress,
-                       Placement(factorization=f, cluster=space.cluster.cluster, batch=space.global_batch),
-                       start=start, deadline=deadline)  # fmt: skip
+            run = Run(replica_space(space, f), profile, on_progress,
+                      Placement(factorization=f, cluster=space.cluster.cluster, batch=space.global_batch),
+                      start=start, deadline=deadline)  # fmt: skip
             base = run.baselines(time.perf_counter() + share)
             runs.append(run)
             bases.append(base)
@@ -126,7 +118,7 @@ def search_cluster(space: SearchSpace, profile: Profile,
     return _merge(space, profile, keep[: len(runs)], runs, bases, searched, pruned, start, interrupted)
 
 
-def _screened_ms(run: _Run, base: dict[str, Scored | None]) -> float:
+def _screened_ms(run: Run, base: dict[str, Scored | None]) -> float:
     return min([run.best_ms, *(b.iteration_ms for b in base.values() if b is not None)])
 
 
@@ -155,7 +147,7 @@ def _best_peers(fs: list[Factorization], bases: list[dict[str, Scored | None]]) 
     return out
 
 
-def _merge(space: SearchSpace, profile: Profile, fs: list[Factorization], runs: list[_Run],
+def _merge(space: SearchSpace, profile: Profile, fs: list[Factorization], runs: list[Run],
            bases: list[dict[str, Scored | None]], searched: set[int], pruned: list[Pruned], start: float,
            interrupted: bool) -> SearchResult:  # fmt: skip
     tables = CostModel(profile, state_factor=space.state_factor).tables(max(r.rules.largest for r in runs))
@@ -171,7 +163,7 @@ def _merge(space: SearchSpace, profile: Profile, fs: list[Factorization], runs: 
     peers = {n: None if b is None else unshard(b, tables, limit) for n, b in _best_peers(fs, bases).items()}
     items += [b for b in peers.values() if b is not None]
     ok = [unshard(s, tables, limit) for s in items if np.isfinite(s.iteration_ms) and s.max_memory <= limit]
-    pareto = _front(ok, key=lambda s: (s.iteration_ms, s.max_memory))
+    pareto = pareto_front(ok, key=lambda s: (s.iteration_ms, s.max_memory))
     if not pareto:
         raise NoFeasiblePlanError(f"no plan fits memory_limit = {limit:.0f} bytes on any factorization of the "
                                   "cluster; raise the limit, add nodes or allow recompute")  # fmt: skip
