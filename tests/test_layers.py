@@ -316,3 +316,11 @@ def test_a_planted_import_above_the_floor_fails(tmp_path: Path, source: str) -> 
     graph = _plant(tmp_path, {"core/a.py": source, "search/b.py": ""})
     assert floor_breaches(graph, "pkg.core.a")
 
+
+
+def test_every_lazy_export_of_the_runtime_resolves() -> None:
+    """``umsearch.runtime`` imports its names on first use: each must name a module that defines it."""
+    import umsearch.runtime as runtime
+
+    for name in runtime.__all__:
+        assert getattr(runtime, name) is not None, name

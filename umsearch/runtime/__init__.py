@@ -12,7 +12,7 @@ and rank); it passes ``replicas=replica_worlds(plan)`` to ``RankComm.create``, g
 executor ``grad_sync=GradSync.create(plan, dist.get_rank())`` and its replica's
 ``plan.replica_batch`` samples of every batch.
 ``stage_modules`` holds one module per stage the rank holds, in stage order
-(:func:`umsearch.runtime.model.stage_module` cuts them from a model). Or let
+(:func:`umsearch.runtime.factory.stage_module` cuts them from a model). Or let
 :func:`run_plan` start the processes (torchrun, one per rank) for you.
 
 :mod:`umsearch.nn.backward` (the split backward, also used by the
@@ -36,9 +36,10 @@ _EXPORTS = {
     "LayerRecord": "timing",
     "launch": "launch",
     "RunResult": "run", "StepResult": "run", "run_plan": "run",
-    "WeightWork": "backward", "backward_full": "backward", "backward_input": "backward",
-    "backward_weight": "backward",
+    "WeightWork": "umsearch.nn.backward", "backward_full": "umsearch.nn.backward",
+    "backward_input": "umsearch.nn.backward", "backward_weight": "umsearch.nn.backward",
 }  # fmt: skip
+"""Exported name -> the submodule of this package (or the full module name) that defines it."""
 
 __all__ = sorted(_EXPORTS)
 
@@ -47,4 +48,4 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), name)
