@@ -1,13 +1,16 @@
 """A Hugging Face GPT-2 as umsearch pipeline layers (random weights, no download).
 
 umsearch takes a user model as ``package.module:function``; ``function(**args)``
-returns ``(layers, make_batch, loss)``. Run from the repository root (so that
-``examples`` imports)::
+returns ``(layers, make_batch, loss)``. The module is looked up in the current
+folder first, as ``python -m`` does, so run these from the repository root (the
+folder that holds ``examples/``); ``tests/examples/test_hf_gpt2.py`` runs them as
+written (short measurements, to keep it quick: drop ``--repeats`` and ``--rounds``
+for a profile and a check you will rely on)::
 
-    umsearch profile examples.hf_gpt2:build --arg layers=6 --sizes 1,2,4,8 --out runs/gpt2/profile.json
+    umsearch profile examples.hf_gpt2:build --arg layers=4 --sizes 1,2,4,8 --repeats 5 --out runs/gpt2/profile.json
     umsearch search --profile runs/gpt2/profile.json --ranks 2 --batch 16 --out runs/gpt2
-    umsearch run runs/gpt2/plan.json --model examples.hf_gpt2:build --arg layers=6 --steps 5
-    umsearch validate runs/gpt2/plan.json --model examples.hf_gpt2:build --arg layers=6
+    umsearch run runs/gpt2/plan.json --model examples.hf_gpt2:build --arg layers=4 --steps 3
+    umsearch validate runs/gpt2/plan.json --model examples.hf_gpt2:build --arg layers=4 --rounds 3
 
 Layer ``i`` of the pipeline is: ``0`` the token and position embeddings,
 ``1..layers`` the transformer blocks (``transformer.h.{i-1}`` in the Hugging

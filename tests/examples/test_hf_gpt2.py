@@ -64,20 +64,31 @@ def test_pipelined_gradients_equal_the_single_process_ones(plan) -> None:  # typ
         torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.slow
-def test_profile_search_and_simulate_from_the_command_line(tmp_path: Path) -> None:
-    """The commands of the example's docstring, on a tiny configuration."""
-    def umsearch(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "umsearch", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600, check=False)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+def _docstring_commands() -> list[str]:
+    """The ``umsearch`` lines of the example's docstring, exactly as written."""
+    import examples.hf_gpt2
 
-    prof = tmp_path / "profile.json"
-    umsearch("profile", "examples.hf_gpt2:build", "--arg", "layers=2", "--arg", "width=32", "--arg", "heads=2",
-             "--arg", "seq=8", "--arg", "vocab=64", "--sizes", "1,2,4", "--repeats", "3", "--out", str(prof))  # fmt: skip
-    assert len(json.loads(prof.read_text())["layers"]) == 4
-    umsearch("search", "--profile", str(prof), "--ranks", "2", "--batch", "8", "--time-budget", "5",
-             "--out", str(tmp_path / "res"), "--quiet")  # fmt: skip
-    out = json.loads(umsearch("simulate", str(tmp_path / "res" / "plan.json"), "--json"))
-    assert out["iteration_ms"] > 0 and not out["deadlock"]
+    doc = examples.hf_gpt2.__doc__ or ""
+    return [line.strip() for line in doc.splitlines() if line.startswith("    umsearch ")]
+
+
+@pytest.mark.slow
+def test_the_docstrings_commands_run_as_written(tmp_path: Path) -> None:
+    """Profile, search, run and validate, one line after the other, in bash, with the installed ``umsearch``
+    console script (which puts no folder on the path), from a folder holding ``examples/`` as the
+    repository root does and on no path: each exits 0."""
+    import os
+    import shutil
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    lines = _docstring_commands()
+    assert [line.split()[1] for line in lines] == ["profile", "search", "run", "validate"]
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600, check=False)  # fmt: skip
+        assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        assert "Traceback" not in done.stderr, line
+    blocks = int(lines[0].split("--arg layers=")[1].split()[0])
+    profile = json.loads((tmp_path / "runs" / "gpt2" / "profile.json").read_text())
+    assert len(profile["layers"]) == blocks + 2  # embeddings, the blocks, the head

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from types import ModuleType
 
 import torch
 
@@ -11,13 +14,15 @@ from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.nn.spec import BuiltModel
 from umsearch.nn.zoo import ZOO, build_zoo
 
-__all__ = ["ZOO", "BuiltModel", "ModelSpec", "build_model", "parse_arg"]
+__all__ = ["ZOO", "BuiltModel", "ModelSpec", "build_model", "import_user_module", "parse_arg"]
 
 
 def build_model(spec: ModelSpec, *, seed: int = 0) -> BuiltModel:
     """Build ``spec`` with weights fixed by ``seed`` (every rank builds the same model).
 
-    User models: ``package.module:function``; ``function(**args)`` returns
+    User models: ``package.module:function``, the module looked up first in the
+    current working directory, as ``python -m`` does (:func:`import_user_module`);
+    ``function(**args)`` returns
     ``(layers, make_batch)`` or ``(layers, make_batch, loss)``, where ``layers``
     is an ``nn.Sequential`` or a list of modules, ``make_batch(b, generator)``
     returns ``(inputs, targets)`` for b independent samples, and ``loss(output,
@@ -34,9 +39,10 @@ def build_model(spec: ModelSpec, *, seed: int = 0) -> BuiltModel:
         return build_zoo(spec.source, spec.args)
     module_name, func_name = spec.source.split(":", 1)
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except Exception as exc:
-        raise ProfilingError(f"cannot import {module_name!r} for model {spec.source!r}: {type(exc).__name__}: {exc}") from None
+        raise ProfilingError(f"cannot import {module_name!r} for model {spec.source!r} (looked up in the current "
+                             f"folder {os.getcwd()}, then on the Python path): {type(exc).__name__}: {exc}") from None  # fmt: skip
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ProfilingError(f"{module_name!r} has no function {func_name!r}; the model is given as package.module:function")
@@ -55,3 +61,27 @@ def build_model(spec: ModelSpec, *, seed: int = 0) -> BuiltModel:
 
     names = [f"{type(m).__name__.lower()}{i}" for i, m in enumerate(layers)]
     return BuiltModel(layers, names, lambda b, g: make_batch(b, g), got[2] if len(got) == 3 else loss)
+
+
+def import_user_module(name: str) -> ModuleType:
+    """Import a user model's module as ``python -m`` would: the current working directory first on the path.
+
+    The ``umsearch`` console script, unlike ``python -m umsearch``, does not put the
+    working directory on ``sys.path``, so ``umsearch profile examples.hf_gpt2:build``
+    from the repository root would not find ``examples``. The directory stays on the
+    path (as under ``python -m``) for the imports the module makes later; the ranks of
+    ``umsearch run`` start in the same directory with it on their ``PYTHONPATH``
+    (:mod:`umsearch.runtime.launch`). Only trusted specs get here (:func:`build_model`).
+    """
+    cwd = os.getcwd()
+    if not any(_same_dir(p, cwd) for p in sys.path):
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
+def _same_dir(entry: str, cwd: str) -> bool:
+    try:
+        return os.path.samefile(entry or os.curdir, cwd)
+    except OSError:
+        return False
