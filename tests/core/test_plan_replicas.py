@@ -77,6 +77,15 @@ def _refused(obj: dict[str, Any]) -> str:
                   "inter": {"latency_ms": 0, "bandwidth_gb_per_s": 1}, "nodes": 4}},
      ["cluster.", "'nodes'"]),
     ({"cluster": [2]}, ["cluster", "object"]),
+    ({"cluster": {"gpus_per_node": 2, "intra": {"latency_ms": 0, "bandwidth_gb_per_s": 1e-300},
+                  "inter": {"latency_ms": 0, "bandwidth_gb_per_s": 1}}},
+     ["cluster.intra.bandwidth_gb_per_s = 1e-300 GB/s", "from 0.001 to 1e9 GB/s", "state bandwidth in GB/s"]),
+    ({"cluster": {"gpus_per_node": 2, "intra": {"latency_ms": 0, "bandwidth_gb_per_s": 1},
+                  "inter": {"latency_ms": 0, "bandwidth_gb_per_s": 1e300}}},
+     ["cluster.inter.bandwidth_gb_per_s = 1e300 GB/s", "from 0.001 to 1e9 GB/s"]),
+    ({"cluster": {"gpus_per_node": 2, "intra": {"latency_ms": 0, "bandwidth_gb_per_s": 1},
+                  "inter": {"latency_ms": 1e300, "bandwidth_gb_per_s": 1}}},
+     ["cluster.inter.latency_ms = 1e300 ms", "from 0 to 10000 ms"]),
 ])  # fmt: skip
 def test_bad_fields_refused_in_one_line(changes: dict[str, Any], names: list[str]) -> None:
     message = _refused(_example8_json(**changes))
@@ -106,3 +115,15 @@ def test_validate_plan_checks_the_cluster_built_in_code() -> None:
     bad = dataclasses.replace(example8(), cluster=dataclasses.replace(EXAMPLE8_CLUSTER, gpus_per_node=0))
     with pytest.raises(PlanError, match="gpus_per_node = 0 must be at least 1"):
         validate_plan(bad)
+
+
+def test_a_plan_file_with_a_bad_cluster_link_is_named(tmp_path: Any) -> None:
+    from umsearch.core.plan_io import load_document
+
+    obj = _example8_json()
+    obj["cluster"]["inter"]["bandwidth_gb_per_s"] = 1e-300
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(obj))
+    with pytest.raises(PlanError, match="cluster.inter.bandwidth_gb_per_s = 1e-300 GB/s is out of range") as info:
+        load_document(path)
+    assert str(info.value).startswith(f"{path}: ")

@@ -1,14 +1,22 @@
-"""Profile loading of MODEL.md 2.1's runtime terms: they round-trip, and every bad value is one line."""
+"""Profile loading of MODEL.md 2.1's runtime terms and of the link: they round-trip, and every bad value is
+one line."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from tests.contract import unit_profile
 from umsearch.core.errors import ProfileError
-from umsearch.core.profile import RuntimeCosts, profile_from_json
+from umsearch.core.links import (
+    MAX_BANDWIDTH_GB_PER_S,
+    MAX_LATENCY_MS,
+    MIN_BANDWIDTH_GB_PER_S,
+    PRESETS,
+)
+from umsearch.core.profile import RuntimeCosts, load_profile, profile_from_json
 
 
 def _with_runtime(**runtime: Any) -> dict[str, Any]:
@@ -55,3 +63,30 @@ def test_bad_v21_terms_are_one_line(runtime: dict[str, Any], match: str) -> None
     with pytest.raises(ProfileError, match=match) as info:
         profile_from_json(_with_runtime(**runtime))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("link", "match"), [
+    ({"latency_ms": 0.0, "bandwidth_gb_per_s": 1e-300}, r"link.bandwidth_gb_per_s = 1e-300 GB/s is out of range"),
+    ({"latency_ms": 0.0, "bandwidth_gb_per_s": 1e300}, r"link.bandwidth_gb_per_s = 1e300 GB/s is out of range"),
+    ({"latency_ms": 0.0, "bandwidth_gb_per_s": 10**400}, r"bandwidth_gb_per_s = a number over 1e308 GB/s"),
+    ({"latency_ms": 1e300, "bandwidth_gb_per_s": 1.0}, r"link.latency_ms = 1e300 ms is out of range: a link's "
+                                                        r"latency is from 0 to 10000 ms"),
+])  # fmt: skip
+def test_the_link_has_physical_bounds(tmp_path: Any, link: dict[str, Any], match: str) -> None:
+    """A bandwidth of 1e-300 GB/s made a 300-digit time; the bounds are in the message, with the fix."""
+    doc = {**unit_profile(4).to_json(), "link": link}
+    with pytest.raises(ProfileError, match=match) as info:
+        profile_from_json(doc)
+    assert "\n" not in str(info.value) and "state bandwidth in GB/s" in str(info.value)
+    if "bandwidth" in match:
+        assert "a link's bandwidth is from 0.001 to 1e9 GB/s" in str(info.value)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=match) as info:
+        load_profile(path)
+    assert str(info.value).startswith(f"{path}: ")
+    # The bounds themselves, and every preset, load.
+    for latency, bandwidth in [(0.0, MIN_BANDWIDTH_GB_PER_S), (MAX_LATENCY_MS, MAX_BANDWIDTH_GB_PER_S),
+                               *((p.latency_ms, p.bandwidth_gb_per_s) for p in PRESETS.values())]:  # fmt: skip
+        doc = {**unit_profile(4).to_json(), "link": {"latency_ms": latency, "bandwidth_gb_per_s": bandwidth}}
+        assert profile_from_json(doc).link.bandwidth_gb_per_s == bandwidth

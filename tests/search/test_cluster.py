@@ -20,7 +20,7 @@ from umsearch.search.factorize import (
     representative_link,
     smallest_stage_bytes,
 )
-from umsearch.search.space import cluster_values, load_space
+from umsearch.search.space import build_space, cluster_values, load_space
 
 PROFILE = Path(__file__).resolve().parents[2] / "search_spaces" / "profiles" / "gpt_cpu.json"
 CLUSTER = "[cluster]\nnodes = 2\ngpus_per_node = 2\nintra = 'nvlink4'\ninter = {latency_ms = 0.02, bandwidth_gb_per_s = 25}\n"
@@ -71,6 +71,71 @@ def test_bad_cluster_tables_name_the_key_in_one_line(tmp_path: Path, body: str, 
     with pytest.raises(SearchSpaceError, match=match) as exc:
         _space(tmp_path, body)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("bandwidth_gb_per_s = 1e-300", "inter.bandwidth_gb_per_s = 1e-300 GB/s is out of range"),
+    ("bandwidth_gb_per_s = 1e300", "inter.bandwidth_gb_per_s = 1e300 GB/s is out of range"),
+    ("bandwidth_gb_per_s = 0", "inter.bandwidth_gb_per_s must be positive, got 0"),
+])  # fmt: skip
+def test_link_bandwidths_have_physical_bounds(tmp_path: Path, bad: str, match: str) -> None:
+    """A space's [cluster] link, a --cluster file's and an --inter flag all give the bad value, the
+    bounds and the fix, and name where the value came from."""
+    bounds = "a link's bandwidth is from 0.001 to 1e9 GB/s; state bandwidth in GB/s"
+    body = CLUSTER.replace("bandwidth_gb_per_s = 25", bad)
+    with pytest.raises(SearchSpaceError, match=match) as exc:
+        _space(tmp_path, body)
+    assert str(exc.value).startswith(f"{tmp_path / 's.toml'}: ") and bounds in str(exc.value)
+    c = tmp_path / "c.toml"
+    c.write_text(body)
+    with pytest.raises(SearchSpaceError, match=match) as exc:
+        _space(tmp_path, "", **cluster_values(c))
+    assert str(exc.value).startswith(f"{c}: ") and bounds in str(exc.value)
+    flag = "0.02," + bad.split(" = ")[1]
+    with pytest.raises(SearchSpaceError, match=match) as exc:
+        _space(tmp_path, CLUSTER, inter=flag)
+    assert str(exc.value).startswith("flag --inter: ") and bounds in str(exc.value)
+
+
+def test_link_latencies_have_physical_bounds(tmp_path: Path) -> None:
+    with pytest.raises(SearchSpaceError, match="inter.latency_ms = 100000 ms is out of range: a link's latency is "
+                                               "from 0 to 10000 ms"):  # fmt: skip
+        _space(tmp_path, CLUSTER.replace("latency_ms = 0.02", "latency_ms = 1e5"))
+    assert _space(tmp_path, CLUSTER, inter="10000,0.001").cluster.inter == Link(latency_ms=1e4,
+                                                                                bandwidth_gb_per_s=1e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize("change,match", [
+    (("nodes = 2", "nodes = 0"), "cluster.nodes = 0: must be an integer"),
+    (("'nvlink4'", "'nvlink9'"), "cluster.intra = 'nvlink9' is no link"),
+    (("latency_ms = 0.02", "latency_ms = -1"), "cluster.inter.latency_ms = -1 must be non-negative"),
+    (("inter = {latency_ms = 0.02, bandwidth_gb_per_s = 25}\n", ""), r"\[cluster\] needs 'inter'"),
+    (("nodes = 2", "nodes = 1048576"), "1048576 x 2 = 2097152 devices; plan for at most"),
+])  # fmt: skip
+def test_an_error_in_a_cluster_file_names_the_cluster_file(tmp_path: Path, change: tuple[str, str],
+                                                           match: str) -> None:  # fmt: skip
+    c = tmp_path / "c.toml"
+    c.write_text(CLUSTER.replace(*change))
+    with pytest.raises(SearchSpaceError, match=match) as exc:
+        _space(tmp_path, "", **cluster_values(c))  # the space TOML s.toml, the cluster file c.toml
+    assert str(exc.value).startswith(f"{c}: ") and "s.toml" not in str(exc.value)
+    with pytest.raises(SearchSpaceError, match=match) as exc:  # no space TOML: flags only
+        build_space({"profile": str(PROFILE), "global_batch": 8, **cluster_values(c)})
+    assert str(exc.value).startswith(f"{c}: ")
+
+
+def test_flags_override_a_cluster_file_and_errors_say_which(tmp_path: Path) -> None:
+    c = tmp_path / "c.toml"
+    c.write_text(CLUSTER.replace("'nvlink4'", "'nvlink9'"))
+    space = _space(tmp_path, "", **{**cluster_values(c), "intra": "nvlink4"})  # the flag wins over the file
+    assert space.cluster is not None and space.cluster.intra.bandwidth_gb_per_s == 450.0
+    with pytest.raises(SearchSpaceError, match="^flag --nodes: cluster.nodes = 0") as exc:
+        _space(tmp_path, "", **{**cluster_values(c), "nodes": 0})
+    assert "s.toml" not in str(exc.value) and "c.toml" not in str(exc.value)
+    c.write_text(CLUSTER)
+    with pytest.raises(SearchSpaceError, match=r"ranks = 3 does not divide the cluster's 4 devices \(nodes x "
+                                               f"gpus_per_node from {c}\\)"):  # fmt: skip
+        _space(tmp_path, "ranks = 3\n", **cluster_values(c))
 
 
 MEM = Memory(param_bytes=(10.0, 100.0, 100.0, 10.0), stash_bytes=(1.0, 5.0, 5.0, 1.0), state_factor=4.0, limit=1e9)

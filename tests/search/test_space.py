@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,17 @@ def test_tables_are_dataclasses_with_the_toml_keys(tmp_path: Path) -> None:
     assert (space.microbatch.max, space.microbatch.max_count, space.search.seed) == (4, 8, 7)
     assert space.to_json()["microbatch"] == {"min": 1, "max": 4, "multiple_of": 1, "max_count": 8}
     assert space.microbatch_sizes == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("flags", "match"), [
+    ({"ranks": 0}, "^flag --ranks: ranks = 0: must be an integer from 1 to 256"),
+    ({"global_batch": 0}, "^flag --batch: global_batch = 0"),
+    ({"memory_limit": "12 parsecs"}, "^flag --memory-limit: memory_limit = '12 parsecs' is not a size"),
+])  # fmt: skip
+def test_a_bad_flag_names_the_flag_not_the_toml(tmp_path: Path, flags: dict[str, object], match: str) -> None:
+    toml = _write(tmp_path, "ranks = 2\nglobal_batch = 8\n")
+    with pytest.raises(SearchSpaceError, match=match) as info:
+        load_space(toml, flags)
+    assert str(toml) not in str(info.value)
+    with pytest.raises(SearchSpaceError, match=f"^{re.escape(str(toml))}: ranks = 0"):  # the same value in the TOML names the TOML
+        load_space(_write(tmp_path, "ranks = 0\nglobal_batch = 8\n"))

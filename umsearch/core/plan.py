@@ -27,8 +27,21 @@ from umsearch.core.errors import PlanError
 SCHEMA = "umsearch.plan/2"
 SCHEMA_V1 = "umsearch.plan/1"
 
-MAX_MICROBATCHES = 1_000_000
-"""Most microbatches one stage may list (a bound on the work any command does)."""
+MAX_RANKS = 256
+"""Most ranks a plan may have: the most a search plans for (``ranks`` of a search space, and R of
+R x D on a cluster), and more than any pipeline runs (torchtitan's largest go to a few dozen)."""
+MAX_STAGES_PER_RANK = 64
+"""Most stages a search puts on one rank (``[schedule] stages_per_rank``)."""
+MAX_PLAN_STAGES = MAX_RANKS * MAX_STAGES_PER_RANK
+"""Most stages a plan may have (16,384): what the largest search space can make. A stage holds at
+least one layer, so a plan checked against a profile has at most its layer count."""
+MAX_MICROBATCHES = 100_000
+"""Most microbatches one stage may list: the search space's ``[microbatch] max_count`` bound too."""
+MAX_ACTIONS = 1 << 21
+"""Most actions a plan may list over all its ranks (2,097,152; checking that many takes seconds):
+five times the 100,000-microbatch, two-stage 1F1B plan, far more than any search makes. Every
+forward and every backward microbatch needs an action, so it bounds the microbatches listed over
+all stages too."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from umsearch.core.errors import PlanError
 from umsearch.core.fields import check_keys, integer, mapping, required
 from umsearch.core.jsonio import check_input_path, read_json, write_json
 from umsearch.core.plan import MAX_MICROBATCHES, SCHEMA, SCHEMA_V1, Plan, Stage
-from umsearch.core.plan_rules import validate_plan
+from umsearch.core.plan_rules import check_size, validate_plan
 
 _SEE = "MODEL.md section 2"
 
@@ -94,15 +94,32 @@ def _stage(raw: Any, j: int) -> Stage:
     )
 
 
+def _raw_microbatches(raw_stages: list[Any]) -> int:
+    """How many forward and backward microbatches the raw stages list (a stage without ``backward``
+    runs its forward list backward too); malformed stages count 0 and are refused when read."""
+    total = 0
+    for raw in raw_stages:
+        if isinstance(raw, dict):
+            forward = len(raw["forward"]) if isinstance(raw.get("forward"), list) else 0
+            total += forward + (len(raw["backward"]) if isinstance(raw.get("backward"), list) else forward)
+    return total
+
+
+def _check_raw_stages(raw_stages: list[Any], num_layers: int | None) -> None:
+    """:func:`check_size` on the raw stages, before any is built."""
+    check_size(stages=len(raw_stages), num_layers=num_layers)
+    check_size(microbatches=_raw_microbatches(raw_stages))
+
+
 def _actions(raw: Any, ranks: int) -> tuple[tuple[Action, ...], ...]:
     if not isinstance(raw, list):
         raise PlanError(f"plan field 'actions' must be a list with one action list per rank, got {raw!r}")
     if len(raw) != ranks:
         raise PlanError(f"plan field 'actions' has {len(raw)} lists but the plan has {ranks} ranks; give one per rank")
+    lists = [items.split() if isinstance(items, str) else items for items in raw]
+    check_size(actions=sum(len(items) for items in lists if isinstance(items, list)))
     out = []
-    for r, items in enumerate(raw):
-        if isinstance(items, str):
-            items = items.split()
+    for r, items in enumerate(lists):
         if not isinstance(items, list):
             raise PlanError(f"plan field actions[{r}] must be a list of actions like '0F0', got {items!r}")
         acts = []
@@ -117,7 +134,7 @@ def _actions(raw: Any, ranks: int) -> tuple[tuple[Action, ...], ...]:
     return tuple(out)
 
 
-def _v1_plan(obj: dict[str, Any]) -> Plan:
+def _v1_plan(obj: dict[str, Any], num_layers: int | None) -> Plan:
     """MODEL.md 6.1: a plan/1 file as plan/2 (stage j on rank j, orders from each stage's warmup)."""
     from umsearch.core.schedules import warmup_rule
 
@@ -125,6 +142,8 @@ def _v1_plan(obj: dict[str, Any]) -> Plan:
     raw_stages = required(obj, "stages", "", PlanError, _SEE)
     if not isinstance(raw_stages, list) or not raw_stages:
         raise PlanError(f"plan field 'stages' must be a non-empty list, got {raw_stages!r}")
+    check_size(ranks=len(raw_stages))  # one stage per rank
+    _check_raw_stages(raw_stages, num_layers)
     stages, orders = [], []
     for j, raw in enumerate(raw_stages):
         where = f"stages[{j}]"
@@ -157,18 +176,22 @@ def _replica_fields(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def document_from_json(obj: Any, num_layers: int | None = None) -> PlanDocument:
-    """Build and validate a :class:`PlanDocument` from a decoded plan/1 or plan/2 object."""
+    """Build and validate a :class:`PlanDocument` from a decoded plan/1 or plan/2 object. The size
+    limits (:func:`~umsearch.core.plan_rules.check_size`) are checked on the raw lists first, so a huge
+    plan is refused before any of it is built."""
     if not isinstance(obj, dict):
         raise PlanError(f"a plan must be a JSON object, got {type(obj).__name__}")
     schema = obj.get("schema")
     if schema == SCHEMA_V1:
-        plan = _v1_plan(obj)
+        plan = _v1_plan(obj, num_layers)
     elif schema == SCHEMA:
         check_keys(obj, _PLAN_KEYS, "", PlanError)
         ranks = integer(required(obj, "ranks", "", PlanError, _SEE), "ranks", PlanError, lo=1)
+        check_size(ranks=ranks)
         raw_stages = required(obj, "stages", "", PlanError, _SEE)
         if not isinstance(raw_stages, list):
             raise PlanError(f"plan field 'stages' must be a list, got {raw_stages!r}")
+        _check_raw_stages(raw_stages, num_layers)
         plan = Plan(
             global_batch=integer(required(obj, "global_batch", "", PlanError, _SEE), "global_batch", PlanError, lo=1),
             ranks=ranks,

@@ -11,8 +11,34 @@ from umsearch.core.actions import Action
 from umsearch.core.cluster import LAYOUTS
 from umsearch.core.errors import PlanError
 from umsearch.core.fields import integer
-from umsearch.core.plan import Plan
+from umsearch.core.plan import MAX_ACTIONS, MAX_PLAN_STAGES, MAX_RANKS, Plan
 from umsearch.core.samples import spans
+
+
+def check_size(*, ranks: int | None = None, stages: int | None = None, num_layers: int | None = None,
+               microbatches: int | None = None, actions: int | None = None) -> None:  # fmt: skip
+    """The size limits of a plan (:data:`~umsearch.core.plan.MAX_RANKS`,
+    :data:`~umsearch.core.plan.MAX_PLAN_STAGES`, :data:`~umsearch.core.plan.MAX_ACTIONS`), on the
+    counts given: a plan read from JSON is checked on the raw lists' lengths before any of it is
+    built, so a huge file is refused in time independent of its size. ``num_layers`` (the model's)
+    bounds the stages too; ``microbatches`` is the length of every stage's forward and backward
+    list together, each of which needs an action."""
+    if ranks is not None and ranks > MAX_RANKS:
+        raise PlanError(f"plan has {ranks} ranks; at most {MAX_RANKS} are supported (the most a search plans for): "
+                        "plan a shorter pipeline, with data-parallel replicas for the other devices")  # fmt: skip
+    if stages is not None and stages > MAX_PLAN_STAGES:
+        raise PlanError(f"plan has {stages} stages; at most {MAX_PLAN_STAGES} are supported ({MAX_RANKS} ranks of "
+                        f"{MAX_PLAN_STAGES // MAX_RANKS} stages): give each stage more layers")  # fmt: skip
+    if stages is not None and num_layers is not None and stages > num_layers:
+        raise PlanError(f"plan has {stages} stages but the model has {num_layers} layers; a stage holds at least "
+                        "one layer: give each stage more layers")  # fmt: skip
+    if microbatches is not None and microbatches > MAX_ACTIONS:
+        raise PlanError(f"plan's stages list {microbatches} forward and backward microbatches in all, each of which "
+                        f"needs an action; at most {MAX_ACTIONS} actions are supported: use fewer, larger "
+                        "microbatches")  # fmt: skip
+    if actions is not None and actions > MAX_ACTIONS:
+        raise PlanError(f"plan lists {actions} actions over its ranks; at most {MAX_ACTIONS} are supported: use "
+                        "fewer, larger microbatches")  # fmt: skip
 
 
 def _check_stages(plan: Plan) -> None:
@@ -110,6 +136,7 @@ def validate_plan(plan: Plan, num_layers: int | None = None) -> Plan:
     """
     integer(plan.global_batch, "global_batch", PlanError, lo=1)
     integer(plan.ranks, "ranks", PlanError, lo=1)
+    check_size(ranks=plan.ranks, stages=plan.num_stages, actions=sum(map(len, plan.actions)))
     _check_replicas(plan)
     _check_stages(plan)
     if len(plan.actions) != plan.ranks:

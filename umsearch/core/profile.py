@@ -24,6 +24,7 @@ from typing import Any
 from umsearch.core.errors import ProfileError, UmsearchError
 from umsearch.core.fields import MAX_BYTES, check_keys, integer, mapping, number, required, text
 from umsearch.core.jsonio import read_json, write_json
+from umsearch.core.links import link_numbers
 
 SCHEMA = "umsearch.profile/2"
 SCHEMAS = ("umsearch.profile/1", SCHEMA)
@@ -72,14 +73,13 @@ class Link:
 
 def link_from_json(raw: Any, where: str, error: type[UmsearchError], see: str) -> Link:
     """A ``{latency_ms, bandwidth_gb_per_s}`` object (the profile's ``link``, a cluster's ``intra`` /
-    ``inter``): latency finite and non-negative, bandwidth positive; ``error`` names ``where`` and the fix."""
+    ``inter``), within :func:`umsearch.core.links.link_numbers`'s physical bounds; ``error`` names
+    ``where``, the value, the bounds and the fix."""
     obj = mapping(raw, where, error)
     check_keys(obj, {"latency_ms", "bandwidth_gb_per_s"}, f"{where}.", error)
-    return Link(
-        latency_ms=number(required(obj, "latency_ms", f"{where}.", error, see), f"{where}.latency_ms", error),
-        bandwidth_gb_per_s=number(required(obj, "bandwidth_gb_per_s", f"{where}.", error, see),
-                                  f"{where}.bandwidth_gb_per_s", error, positive=True, limit=MAX_BYTES),
-    )  # fmt: skip
+    latency, bandwidth = link_numbers(required(obj, "latency_ms", f"{where}.", error, see),
+                                      required(obj, "bandwidth_gb_per_s", f"{where}.", error, see), where, error)  # fmt: skip
+    return Link(latency_ms=latency, bandwidth_gb_per_s=bandwidth)
 
 
 @dataclass(frozen=True, kw_only=True)

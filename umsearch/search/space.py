@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from umsearch.core.cluster import Cluster
 from umsearch.core.errors import SearchSpaceError
-from umsearch.core.links import PRESETS
+from umsearch.core.links import PRESETS, link_numbers
+from umsearch.core.plan import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES_PER_RANK
 from umsearch.core.profile import Link
 from umsearch.core.schedules import PEER_SCHEDULES
 
@@ -30,8 +32,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 MAX_BATCH = 1 << 20
 """Largest global batch a search takes (cost tables grow with the largest microbatch)."""
-MAX_RANKS = 256
-"""Most ranks a search plans for."""
+# MAX_RANKS (most ranks a search plans for) is the plan's own limit, umsearch.core.plan.MAX_RANKS.
 PLACEMENTS: tuple[str, ...] = ("loop", "vshape", "any")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -75,7 +76,7 @@ class MicrobatchTable:
         bounds=(1, MAX_BATCH)))  # fmt: skip
     max_count: int = field(default=64, metadata=option(
         "most microbatches per stage (`max_count x max` must reach B)", dest="max_microbatches", kind="int",
-        bounds=(1, 100_000)))  # fmt: skip
+        bounds=(1, MAX_MICROBATCHES)))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +85,7 @@ class ScheduleTable:
 
     stages_per_rank: tuple[int, ...] = field(default=(1, 2), metadata=option(
         "how many chunks a rank may hold (a plan uses one value)", dest="stages_per_rank", kind="ints",
-        bounds=(1, 64)))  # fmt: skip
+        bounds=(1, MAX_STAGES_PER_RANK)))  # fmt: skip
     placement: Literal["loop", "vshape", "any"] = field(default="any", metadata=option(
         "`loop` (stage j on rank j mod R), `vshape` (down and back up, 2 per rank) or `any`", dest="placement",
         kind="choice", choices=PLACEMENTS))  # fmt: skip
@@ -357,10 +358,8 @@ def parse_link(value: Any, key: str = "cluster.intra") -> Link:
     extra = sorted(set(value) - {"latency_ms", "bandwidth_gb_per_s"})
     if extra or len(value) != 2:
         raise SearchSpaceError(f"{key} has keys {sorted(value)}; give exactly latency_ms and bandwidth_gb_per_s")
-    lat, bw = value["latency_ms"], value["bandwidth_gb_per_s"]
-    if isinstance(lat, bool) or not isinstance(lat, int | float) or not math.isfinite(lat) or not 0 <= lat <= 1e6:
-        raise SearchSpaceError(f"{key}.latency_ms = {lat!r}: must be a finite number from 0 to 1e6 (ms)")
-    return Link(latency_ms=float(lat), bandwidth_gb_per_s=_positive(f"{key}.bandwidth_gb_per_s", bw, 1e9))
+    latency, bandwidth = link_numbers(value["latency_ms"], value["bandwidth_gb_per_s"], key, SearchSpaceError)
+    return Link(latency_ms=latency, bandwidth_gb_per_s=bandwidth)
 
 
 def _bool(key: str, v: Any) -> bool:
@@ -377,25 +376,68 @@ def _ranks_alias(v: dict[str, Any]) -> None:
         v["ranks"] = v.pop("stages")
 
 
+@dataclass(frozen=True)
+class FromFile:
+    """A value read from a file other than the space TOML (``umsearch search --cluster C.toml``):
+    :func:`build_space` and :func:`load_space` name that file in any error about it."""
+
+    value: Any
+    """The value as the file holds it."""
+    path: str
+    """The file it came from."""
+
+
+class _Located(SearchSpaceError):
+    """An error whose message already names where the value came from (a cluster file, a flag):
+    :func:`load_space` does not prefix the space TOML's path to it."""
+
+
 def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchSpace:
     """Validate flat values (keyed by each key's ``dest``: TOML keys flattened, or CLI flags) into a
-    :class:`SearchSpace`."""
+    :class:`SearchSpace`. A :class:`FromFile` value (from :func:`cluster_values`) is checked like the
+    plain value, and an error about it names its file."""
+    return _build(values, base_dir, flags=())
+
+
+def _build(values: dict[str, Any], base_dir: Path | None, flags: Collection[str]) -> SearchSpace:
+    """:func:`build_space`, with ``flags`` the dests given as command-line flags: errors about their
+    values name the flag."""
     v = dict(values)
     _ranks_alias(v)
     unknown = sorted(set(v) - set(_BY_DEST))
     if unknown:
         raise SearchSpaceError(f"unknown search space value {unknown[0]!r}; known: {', '.join(sorted(_BY_DEST))}")
+
+    def origin(dest: str) -> str | None:
+        """Where ``dest``'s value came from when not the space TOML: its file, or its flag."""
+        if isinstance(v.get(dest), FromFile):
+            return str(v[dest].path)
+        return f"flag {_BY_DEST[dest][1].metadata['flag']}" if dest in flags else None
+
+    def located(message: str, *dests: str) -> SearchSpaceError:
+        """The error of ``message``, prefixed with the first of ``dests``' origins that is known."""
+        where = next((o for o in map(origin, dests) if o is not None), None)
+        return SearchSpaceError(message) if where is None else _Located(f"{where}: {message}")
+
+    def check(dest: str, value: Any) -> Any:
+        try:
+            return _value(*_BY_DEST[dest], value.value if isinstance(value, FromFile) else value)
+        except SearchSpaceError as exc:
+            raise located(str(exc), dest) from None
+
     in_cluster = sorted(f.metadata["dest"] for f in fields(ClusterTable) if f.metadata["dest"] in v)
     for required in ("profile", "global_batch") if in_cluster else ("profile", "ranks", "global_batch"):
         if v.get(required) is None:
             flag = {"global_batch": "batch"}.get(required, required)
             raise SearchSpaceError(f"search space needs {required!r}; set it in the TOML or pass --{flag}")
-    _cluster_complete(in_cluster)
-    checked = {dest: _value(*_BY_DEST[dest], value) for dest, value in v.items()}
+    missing = _cluster_missing(in_cluster)
+    if missing:
+        raise located(missing, *in_cluster)
+    checked = {dest: check(dest, value) for dest, value in v.items()}
     checked.setdefault("name", Path(checked["profile"]).stem)
     if not _NAME.fullmatch(checked["name"]) or ".." in checked["name"]:
-        raise SearchSpaceError(f"name = {checked['name']!r}: use letters, digits, '.', '_' or '-' (it names the "
-                               "output folder)")  # fmt: skip
+        raise located(f"name = {checked['name']!r}: use letters, digits, '.', '_' or '-' (it names the output "
+                      "folder)", "name")  # fmt: skip
     if base_dir is not None and not Path(checked["profile"]).is_absolute():
         checked["profile"] = str(base_dir / checked["profile"])
     parts: dict[str, dict[str, Any]] = {table: {} for table in ("", *TABLES)}
@@ -405,8 +447,15 @@ def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchS
     parts[""].setdefault("ranks", 0)  # with a [cluster] and no ranks, the search chooses R
     tables = {t: cls(**parts[t]) for t, cls in TABLES.items() if t != "cluster" or parts[t]}
     space = SearchSpace(**parts[""], **tables)
-    if space.cluster is not None:
-        _check_cluster(space.cluster, space.ranks)
+    c = space.cluster
+    if c is not None and c.devices > MAX_DEVICES:
+        raise located(f"cluster.nodes x cluster.gpus_per_node = {c.nodes} x {c.gpus_per_node} = {c.devices} "
+                      f"devices; plan for at most {MAX_DEVICES}", "nodes", "gpus_per_node")  # fmt: skip
+    if c is not None and space.ranks and c.devices % space.ranks:
+        devices_from = origin("nodes") or origin("gpus_per_node")
+        raise located(f"ranks = {space.ranks} does not divide the cluster's {c.devices} devices"
+                      f"{f' (nodes x gpus_per_node from {devices_from})' if devices_from else ''}; give a divisor "
+                      "of nodes x gpus_per_node, or leave ranks out and let the search choose", "ranks")  # fmt: skip
     if not space.microbatch_sizes:
         mb = space.microbatch
         raise SearchSpaceError(
@@ -416,28 +465,21 @@ def build_space(values: dict[str, Any], base_dir: Path | None = None) -> SearchS
     return space
 
 
-def _cluster_complete(given: list[str]) -> None:
-    """A ``[cluster]`` names all its keys or none."""
+def _cluster_missing(given: list[str]) -> str | None:
+    """Why a ``[cluster]`` naming only some of its keys is refused (it names all or none); None when whole."""
     keys = [f.name for f in fields(ClusterTable)]
     missing = [k for k in keys if k not in given]
-    if given and missing:
-        example = {"nodes": "2", "gpus_per_node": "8", "intra": "'nvlink4'", "inter": "'ib-ndr'"}[missing[0]]
-        raise SearchSpaceError(f"[cluster] needs {missing[0]!r} (it has {', '.join(given)}); add "
-                               f"{missing[0]} = {example} to the table or pass --{missing[0].replace('_', '-')}")  # fmt: skip
-
-
-def _check_cluster(c: ClusterTable, ranks: int) -> None:
-    if c.devices > MAX_DEVICES:
-        raise SearchSpaceError(f"cluster.nodes x cluster.gpus_per_node = {c.nodes} x {c.gpus_per_node} = "
-                               f"{c.devices} devices; plan for at most {MAX_DEVICES}")  # fmt: skip
-    if ranks and c.devices % ranks:
-        raise SearchSpaceError(f"ranks = {ranks} does not divide the cluster's {c.devices} devices; give a "
-                               "divisor of nodes x gpus_per_node, or leave ranks out and let the search choose")  # fmt: skip
+    if not given or not missing:
+        return None
+    example = {"nodes": "2", "gpus_per_node": "8", "intra": "'nvlink4'", "inter": "'ib-ndr'"}[missing[0]]
+    return (f"[cluster] needs {missing[0]!r} (it has {', '.join(given)}); add {missing[0]} = {example} to the "
+            f"table or pass --{missing[0].replace('_', '-')}")  # fmt: skip
 
 
 def cluster_values(path: str | Path) -> dict[str, Any]:
     """The ``[cluster]`` table of a TOML file (``umsearch search --cluster C.toml``) as flat values
-    for :func:`build_space` / :func:`load_space`'s overrides."""
+    for :func:`build_space` / :func:`load_space`'s overrides, each a :class:`FromFile`, so that an
+    error about one names this file (not the space TOML)."""
     from umsearch.core.jsonio import read_toml
 
     p = Path(path)
@@ -446,13 +488,14 @@ def cluster_values(path: str | Path) -> dict[str, Any]:
         raise SearchSpaceError(f"{p}: a cluster file holds one [cluster] table (nodes, gpus_per_node, intra, inter); "
                                f"it has {', '.join(sorted(doc)) or 'nothing'}")  # fmt: skip
     try:
-        return _flatten(doc)
+        return {dest: FromFile(value, str(p)) for dest, value in _flatten(doc).items()}
     except SearchSpaceError as exc:
         raise SearchSpaceError(f"{p}: {exc}") from None
 
 
 def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> SearchSpace:
-    """Read a TOML search space; ``overrides`` (CLI flags, None values ignored) win."""
+    """Read a TOML search space; ``overrides`` (CLI flags, None values ignored) win. An error names the
+    space TOML, or the flag, or the file of a :class:`FromFile` override, whichever gave the bad value."""
     from umsearch.core.jsonio import read_toml
 
     p = Path(path)
@@ -465,6 +508,8 @@ def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Sea
         values.setdefault("name", p.stem)
         base = None if "profile" in flags else p.parent
         values.update(flags)
-        return build_space(values, base)
+        return _build(values, base, flags=[k for k, val in flags.items() if not isinstance(val, FromFile)])
+    except _Located:
+        raise
     except SearchSpaceError as exc:
         raise SearchSpaceError(f"{p}: {exc}") from None
