@@ -22,9 +22,10 @@ TINY = ["mlp", "--arg", "layers=2", "--arg", "width=8", "--sizes", "1,2", "--rep
 REFUSED = [
     (["mlp", "--link-latency-ms", "0.1", "--link-bandwidth-gbps", "inf"], "--link-bandwidth-gbps inf must be a finite number"),
     (["mlp", "--link-latency-ms", "nan", "--link-bandwidth-gbps", "5"], "--link-latency-ms nan must be a finite number"),
-    (["mlp", "--link-latency-ms", "1e300", "--link-bandwidth-gbps", "5"], "--link-latency-ms 1e+300 must be a finite number from 0 to 1e+09"),
+    (["mlp", "--link-latency-ms", "1e300", "--link-bandwidth-gbps", "5"], "--link-latency-ms 1e+300 must be a finite number from 0 to 10000"),
+    (["mlp", "--link-latency-ms", "0.1", "--link-bandwidth-gbps", "1e-300"], "--link-bandwidth-gbps 1e-300 must be a finite number from 0.001 to 1e+09"),
     (["mlp", "--link-latency-ms", "-1", "--link-bandwidth-gbps", "5"], "--link-latency-ms -1.0 must be a finite number from 0"),
-    (["mlp", "--link-latency-ms", "0.1", "--link-bandwidth-gbps", "0"], "--link-bandwidth-gbps 0.0 must be a finite number above 0"),
+    (["mlp", "--link-latency-ms", "0.1", "--link-bandwidth-gbps", "0"], "--link-bandwidth-gbps 0.0 must be a finite number from 0.001"),
     (["mlp", "--link-latency-ms", "0.1"], "give both --link-latency-ms and --link-bandwidth-gbps"),
     (["mlp", "--link-preset", "nvlink4", *LINK], "--link-preset nvlink4 and --link-latency-ms/--link-bandwidth-gbps both"),
     (["gpt", "--arg", "heads=0", *LINK], "zoo model gpt: --arg heads=0 must be an integer from 1 to 1024"),

@@ -129,6 +129,8 @@ def test_fit_link_recovers_known_values() -> None:
     assert lat == pytest.approx(0.2, rel=1e-9) and bw == pytest.approx(5.0, rel=1e-9)
     with pytest.raises(ProfilingError, match="two different sizes"):
         fit_link([10, 10], [1, 2])
+    with pytest.raises(ProfilingError, match="outside what a profile holds"):  # 1e12 GB/s: no real link
+        fit_link([1e3, 1e6], [0.2, 0.2 + 1e-12])
 
 
 @pytest.mark.slow

@@ -15,9 +15,15 @@ from rich.table import Table
 
 from umsearch.cli.console import console
 from umsearch.core.errors import ProfilingError
-from umsearch.core.fields import MAX_BYTES, MAX_INT, MAX_MS
+from umsearch.core.fields import MAX_INT
 from umsearch.core.jsonio import write_json
-from umsearch.core.links import ONE_GPU_DEFAULT, PRESETS
+from umsearch.core.links import (
+    MAX_BANDWIDTH_GB_PER_S,
+    MAX_LATENCY_MS,
+    MIN_BANDWIDTH_GB_PER_S,
+    ONE_GPU_DEFAULT,
+    PRESETS,
+)
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.outputs import check_output_file
 from umsearch.core.profile import (
@@ -98,8 +104,8 @@ def link_choice(latency: float | None, bandwidth: float | None, preset: str | No
     profile loader's limits, or a preset; on one GPU without either, the default preset."""
     if (latency is None) != (bandwidth is None):
         raise ProfilingError("give both --link-latency-ms and --link-bandwidth-gbps, or neither to measure the link")
-    _finite(latency, "--link-latency-ms", 0.0, MAX_MS, "0.01")
-    _finite(bandwidth, "--link-bandwidth-gbps", 0.0, MAX_BYTES, "100", positive=True)
+    _finite(latency, "--link-latency-ms", 0.0, MAX_LATENCY_MS, "0.01")  # the bounds every link read passes
+    _finite(bandwidth, "--link-bandwidth-gbps", MIN_BANDWIDTH_GB_PER_S, MAX_BANDWIDTH_GB_PER_S, "100")
     if preset is not None:
         if latency is not None:
             raise ProfilingError(f"--link-preset {preset} and --link-latency-ms/--link-bandwidth-gbps both state the "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -86,17 +87,23 @@ def read_text(path: str | os.PathLike[str], what: str, error: type[UmsearchError
 
 
 def _depth(obj: Any, limit: int) -> bool:
-    """Whether ``obj`` nests no deeper than ``limit`` (iterative: deep inputs must not recurse)."""
+    """Whether ``obj`` nests no deeper than ``limit`` (iterative: deep inputs must not recurse).
+
+    Only containers are pushed: a plan's millions of action strings are looked at once, not stacked.
+    """
     stack = [(obj, 0)]
     while stack:
         item, d = stack.pop()
         if d > limit:
             return False
-        if isinstance(item, dict):
-            stack.extend((v, d + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, d + 1) for v in item)
+        if isinstance(item, dict | list):
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend([(c, d + 1) for c in children if isinstance(c, dict | list)])
     return True
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""The only way JSON text can hold a lone surrogate: an escape in U+D800..U+DFFF (raw bytes would not be UTF-8)."""
 
 
 def _not_unicode(obj: Any) -> str | None:
@@ -144,7 +151,7 @@ def read_json(path: str | os.PathLike[str], what: str, error: type[UmsearchError
         raise error(f"{what} file {str(p)!r}: {exc}") from None
     if not _depth(obj, MAX_JSON_DEPTH):
         raise error(f"{what} file {str(p)!r} nests deeper than {MAX_JSON_DEPTH} levels; it is no {what}")
-    bad = _not_unicode(obj)
+    bad = _not_unicode(obj) if _SURROGATE_ESCAPE.search(text) else None
     if bad is not None:
         raise error(f"{what} file {str(p)!r} holds the text {ascii(bad)[:80]}, which is not Unicode (a lone "
                     "surrogate escape such as \\ud800); write the character itself")  # fmt: skip

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from umsearch.core.errors import ProfilingError
+from umsearch.core.links import MAX_BANDWIDTH_GB_PER_S, MAX_LATENCY_MS, MIN_BANDWIDTH_GB_PER_S
 
 DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
 
@@ -30,7 +31,11 @@ def fit_link(sizes_bytes: Sequence[float], times_ms: Sequence[float]) -> tuple[f
     slope, intercept = np.polyfit(n, t, 1)
     if slope <= 0:
         raise ProfilingError(f"link times do not grow with message size (slope {slope:.3g} ms/B); state the link with --link-latency-ms/--link-bandwidth-gbps")
-    return max(0.0, float(intercept)), float(1.0 / (slope * 1e6))
+    latency, bandwidth = max(0.0, float(intercept)), float(1.0 / (slope * 1e6))
+    if not (MIN_BANDWIDTH_GB_PER_S <= bandwidth <= MAX_BANDWIDTH_GB_PER_S and latency <= MAX_LATENCY_MS):
+        raise ProfilingError(f"the measured link ({latency:.3g} ms + {bandwidth:.3g} GB/s) is outside what a profile "
+                             "holds; state the link with --link-latency-ms/--link-bandwidth-gbps")  # fmt: skip
+    return latency, bandwidth
 
 
 def _free_port() -> int:
