@@ -257,3 +257,27 @@ def test_whatever_the_folder_holds_the_users_files_survive_or_are_named(tmp_path
     after = _tree(out)
     assert all(after.get(n) == data for n, data in before.items()), (lie, sorted(before), sorted(after))
     assert not (tmp / "out.bak").exists() and sorted(p.name for p in tmp.iterdir()) == ["other", "out", "prof.json"]
+
+
+def test_search_writes_its_best_on_sigterm_and_exits_143(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """SIGTERM once the search has begun: the plans found so far are written, as for Ctrl-C."""
+    from umsearch.search.driver import run_search
+
+    _setup(tmp_path)
+
+    def terminated(space: Any, profile: Any, on_progress: Any = None) -> Any:
+        sent = []
+
+        def progress(p: Any) -> None:
+            if p.phase != "baselines" and not sent:
+                sent.append(os.kill(os.getpid(), signal.SIGTERM))
+            on_progress(p)
+
+        return run_search(space, profile, progress)
+
+    monkeypatch.setattr("umsearch.cli.search.run_search", terminated)
+    code, err = _search(tmp_path, capsys, tmp_path / "out")
+    assert code == 143, err
+    assert (tmp_path / "out" / "plan.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
