@@ -8,7 +8,7 @@ written (short measurements, to keep it quick: drop ``--repeats`` and ``--rounds
 for a profile and a check you will rely on)::
 
     umsearch profile examples.hf_gpt2:build --arg layers=4 --sizes 1,2,4,8 --repeats 5 --out runs/gpt2/profile.json
-    umsearch search --profile runs/gpt2/profile.json --ranks 2 --batch 16 --out runs/gpt2
+    umsearch search --profile runs/gpt2/profile.json --ranks 2 --global-batch 16 --out runs/gpt2
     umsearch run runs/gpt2/plan.json --model examples.hf_gpt2:build --arg layers=4 --steps 3
     umsearch validate runs/gpt2/plan.json --model examples.hf_gpt2:build --arg layers=4 --rounds 3
 

@@ -96,8 +96,8 @@ step "gpt 1.75B tf32 80GB" 80 "$PY" -m umsearch profile gpt "${big[@]}" --device
     --sizes 1,2,4,8,16 --repeats 3 --memory-limit-gb 80 --out "$f" && check "gpt 1.75B" "$f" tf32 1,2,4,8,16
 step "CUDA tests" 30 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or nccl or gpu" tests/measure tests/runtime
 tmp=$(mktemp -d)
-if step "search 1 rank" 15 "$PY" -m umsearch search --profile "$out/gpt_bf16.json" --ranks 1 --batch 16 \
-        --time-budget 10 --out "$tmp/plan1" --quiet; then
+if step "search 1 rank" 15 "$PY" -m umsearch search --profile "$out/gpt_bf16.json" --ranks 1 --global-batch 16 \
+        --time-budget-s 10 --out "$tmp/plan1" --quiet; then
     # The plan's profile is bf16 on cuda: validate runs it in bf16 on the GPU without being told.
     step "validate on CUDA" 15 "$PY" -m umsearch validate "$tmp/plan1/plan.json" --backend nccl --rounds 5 --json
 fi
