@@ -110,10 +110,10 @@ def test_click_reads_what_to_argv_writes(run: RunConfig, choice: ModelChoice, li
 def test_every_table_flag_is_an_option_of_both_parsers() -> None:
     click_names = {opt for p in run_command.params for opt in p.opts}
     argparse_names = {opt for a in parser()._actions for opt in a.option_strings}
-    table = {row.flag.name for row in FLAGS}
+    table = {row.flag for row in FLAGS}
     assert table <= click_names
-    assert {row.flag.name for row in flags("ranks")} <= argparse_names
-    assert not {row.flag.name for row in flags("launcher")} & argparse_names  # the launcher's own stay home
+    assert {row.flag for row in flags("ranks")} <= argparse_names
+    assert not {row.flag for row in flags("launcher")} & argparse_names  # the launcher's own stay home
     # validate takes the table but its own --out, and rounds instead of steps.
     validate_names = {opt for p in validate_command.params for opt in p.opts}
     assert "--rounds" in validate_names and "--steps" not in validate_names and "--grads" not in validate_names

@@ -107,7 +107,7 @@ def test_tables_are_dataclasses_with_the_toml_keys(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("flags", "match"), [
     ({"ranks": 0}, "^flag --ranks: ranks = 0: must be an integer from 1 to 256"),
-    ({"global_batch": 0}, "^flag --batch: global_batch = 0"),
+    ({"global_batch": 0}, "^flag --global-batch: global_batch = 0"),
     ({"memory_limit": "12 parsecs"}, "^flag --memory-limit: memory_limit = '12 parsecs' is not a size"),
 ])  # fmt: skip
 def test_a_bad_flag_names_the_flag_not_the_toml(tmp_path: Path, flags: dict[str, object], match: str) -> None:

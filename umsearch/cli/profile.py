@@ -315,7 +315,7 @@ def _default_out(model: str) -> str:
               help="Use at most this much memory (GB) for the profile; on a GPU also the allocator's limit.  "
                    "[default: the free memory]")  # fmt: skip
 @click.option("--link-preset", type=click.Choice(list(PRESETS)), default=None,
-              help="State the link as a named interconnect (see README, 'Planning for GPUs').  [default: measured; "
+              help="State the link as a named interconnect (see docs/gpus.md, 'Link presets').  [default: measured; "
                    f"on one GPU, {ONE_GPU_DEFAULT}]")  # fmt: skip
 @click.option("--link-latency-ms", type=float, default=None, help="State the link latency instead of measuring it.")
 @click.option("--link-bandwidth-gbps", type=float, default=None, help="State the link bandwidth (GB/s) instead of measuring it.")

@@ -31,14 +31,13 @@ from click.core import ParameterSource
 
 from umsearch.cli.console import abort as _fail
 from umsearch.cli.console import console, debug_enabled, err_console, write_output
+from umsearch.cli.options import click_options
 from umsearch.core.errors import PlanError, RuntimeExecutionError, UmsearchError
 from umsearch.core.loader import LoadedPlan
 from umsearch.core.plan import Plan
 from umsearch.core.profile import file_sha256
 from umsearch.runtime.config import (
     FLAGS,
-    FlagField,
-    FlagValueError,
     ModelChoice,
     RunConfig,
     configs_from_values,
@@ -53,42 +52,9 @@ from umsearch.runtime.run import check_writable
 # ---------------------------------------------------------------------------
 
 
-class _FlagType(click.ParamType):
-    """A click type that parses with the flag table's own parser."""
-
-    def __init__(self, row: FlagField) -> None:
-        self.row = row
-        self.name = row.flag.metavar or row.dest
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str):
-            return value  # a default, already a field value
-        try:
-            return self.row.flag.parse(value)
-        except (FlagValueError, ValueError) as exc:
-            self.fail(str(exc), param, ctx)
-
-
-def _option(row: FlagField) -> Callable[[Any], Any]:
-    fl = row.flag
-    if fl.kind == "switch":
-        return click.option(fl.name, row.dest, is_flag=True, default=False, help=fl.help, hidden=fl.hidden)
-    multiple = fl.kind == "multiple"
-    return click.option(fl.name, row.dest, type=_FlagType(row), multiple=multiple,
-                        default=() if multiple else row.default, metavar=fl.metavar,
-                        show_default=not multiple and row.default is not None, help=fl.help, hidden=fl.hidden)  # fmt: skip
-
-
 def table_options(exclude: Sequence[str] = ()) -> Callable[[Any], Any]:
-    """Decorator adding every row of the flag table (but ``exclude``'s dests) as click options."""
-
-    def wrap(f: Any) -> Any:
-        for row in reversed(FLAGS):
-            if row.dest not in exclude:
-                f = _option(row)(f)
-        return f
-
-    return wrap
+    """Decorator adding every run setting (but ``exclude``'s dests) as click options, with their defaults."""
+    return click_options((row for row in FLAGS if row.dest not in exclude), use_field_defaults=True)
 
 
 def split_values(values: dict[str, Any]) -> tuple[RunConfig, ModelChoice, dict[str, Any]]:

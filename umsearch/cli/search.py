@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from umsearch.cli.console import console
 from umsearch.cli.interrupts import StopSignals
+from umsearch.cli.options import click_options
 from umsearch.cli.report import (
     comparison_rows,
     comparison_table,
@@ -25,47 +26,15 @@ from umsearch.core.data import default_space
 from umsearch.core.profile import load_profile
 from umsearch.search.driver import Progress as SearchProgress
 from umsearch.search.driver import SearchResult, run_search
-from umsearch.search.space import build_space, cluster_values, load_space, options
-
-
-def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give integers separated by commas, e.g. 1,2,3") from None
-
-
-def _names(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
-
-
-_TYPES: dict[str, Any] = {"int": int, "float": float, "size": str, "text": str, "link": str,
-                          "path": click.Path(dir_okay=False)}  # fmt: skip
-
-
-def _space_flag(o: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The click option of one search-space key, from its metadata (:func:`umsearch.search.space.options`)."""
-    help_text = f"{o['help'].replace('`', '')} ({o['key']})"
-    kind, flag, dest = o["kind"], o["flag"], o["dest"]
-    if kind == "bool":
-        return click.option(f"{flag}/--no-{flag[2:]}", dest, default=None, help=help_text)
-    if kind == "choice":
-        return click.option(flag, dest, type=click.Choice(list(o["choices"])), help=help_text)
-    if kind in ("ints", "names"):
-        return click.option(flag, dest, callback=_int_list if kind == "ints" else _names,
-                            help=help_text + (", comma-separated" if kind == "names" else ", e.g. 1,2"))  # fmt: skip
-    return click.option(flag, dest, type=_TYPES[kind], help=help_text)
+from umsearch.search.space import build_space, cluster_values, load_space, options, space_settings
 
 
 def space_flags(command: Callable[..., Any]) -> Callable[..., Any]:
     """Every search-space key as a flag (overriding the TOML), plus ``--stages``, the alias of ``--ranks``."""
     command = click.option("--stages", type=int, help="Alias of --ranks (version 1 spaces called the devices stages).")(
         command)  # fmt: skip
-    for o in reversed(options()):
-        command = _space_flag(o)(command)
-    return command
+    keys = {o["dest"]: o["key"] for o in options()}
+    return click_options(space_settings(), help_suffix=lambda row: f" ({keys[row.dest]})")(command)
 
 
 @click.command("search")

@@ -16,15 +16,13 @@ from rich.table import Table
 from umsearch.cli.calibrate import _spec
 from umsearch.cli.console import console, err_console
 from umsearch.cli.interrupts import StopSignals
+from umsearch.cli.options import click_options
+from umsearch.cli.run import split_values
+from umsearch.core.options import settings
 from umsearch.core.profile import load_profile
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: give integers separated by commas, e.g. 1,2",
-                                 param_hint="--stages-per-rank") from None
+from umsearch.orchestrate.tune import TuneConfig
+from umsearch.runtime.config import FLAGS
+from umsearch.search.space import build_space, space_settings
 
 
 def _table(result: Any) -> Table:
@@ -39,63 +37,45 @@ def _table(result: Any) -> Table:
     return table
 
 
+_SPACE_KEYS = ("ranks", "global_batch", "memory_limit", "stages_per_rank", "time_budget_s", "seed")
+"""The search-space keys tune takes as flags (the same flags, bounds and help as ``search``'s)."""
+_SPACE_DEFAULTS = {"ranks": 2, "global_batch": 32}
+"""Tune needs no space TOML: these stand in for its required keys."""
+_RUN_KEYS = ("threads", "warmup_steps", "model", "model_args", "trust_model_code")
+"""The run settings tune takes as flags (``run``'s); its seed is the search's."""
+
+
 @click.command("tune")
 @click.argument("profile_path", metavar="PROFILE.json", type=click.Path(dir_okay=False))
-@click.option("--ranks", type=click.IntRange(2, 64), default=2, show_default=True, help="Pipeline ranks.")
-@click.option("--batch", "global_batch", type=click.IntRange(1, 1 << 20), default=32, show_default=True,
-              help="Global batch B.")  # fmt: skip
-@click.option("--k", "k", type=click.IntRange(1, 32), default=4, show_default=True,
-              help="Distinct searched plans measured per round.")  # fmt: skip
-@click.option("--rounds", "max_rounds", type=click.IntRange(1, 100), default=4, show_default=True,
-              help="Most rounds of search, measure and refit.")  # fmt: skip
-@click.option("--measure-rounds", type=click.IntRange(2, 10_000), default=10, show_default=True,
-              help="Rotated measured rounds of every contender per round.")  # fmt: skip
-@click.option("--budget-min", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
-              help="Wall-clock budget in minutes: no round starts that would end past it.")  # fmt: skip
-@click.option("--time-budget", "search_budget_s", type=click.FloatRange(min=0, min_open=True), default=30.0,
-              show_default=True, help="Seconds each round's search may take.")  # fmt: skip
-@click.option("--stages-per-rank", default="1,2", show_default=True, help="Chunks a rank may hold, e.g. 1,2.")
-@click.option("--memory-limit", default=None, help="Per-device limit, e.g. 16GiB (default: the search's).")
-@click.option("--scales", type=click.Choice(["stage_scale", "ranges", "none"]), default="stage_scale",
-              show_default=True, help="How the refit models layers run together in a stage.")  # fmt: skip
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Search and data seed.")
-@click.option("--threads", type=click.IntRange(1, 1024), default=1, show_default=True, help="CPU threads per rank.")
-@click.option("--warmup-steps", type=click.IntRange(0, 100), default=2, show_default=True,
-              help="Unmeasured iterations of every contender before the rounds.")  # fmt: skip
-@click.option("--model", default=None, help="Model to run (default: the profile's model_spec).")
-@click.option("--arg", "model_args", multiple=True, help="Model argument KEY=VALUE (with --model; repeatable).")
-@click.option("--trust-model-code", is_flag=True, help="Build a non-zoo model the profile names.")
+@click_options(space_settings(_SPACE_KEYS), defaults=_SPACE_DEFAULTS,
+               help_suffix=lambda row: " (the search's, each round)")  # fmt: skip
+@click_options(settings(TuneConfig), use_field_defaults=True)
+@click_options([row for row in FLAGS if row.dest in _RUN_KEYS], use_field_defaults=True)
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Output folder (default results/tune/<profile name>/).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print tune.json's summary as JSON instead of tables.")
-def tune_command(profile_path: str, ranks: int, global_batch: int, k: int, max_rounds: int, measure_rounds: int,
-                 budget_min: float, search_budget_s: float, stages_per_rank: str, memory_limit: str | None,
-                 scales: str, seed: int, threads: int, warmup_steps: int, model: str | None,
-                 model_args: tuple[str, ...], trust_model_code: bool, out: str | None, as_json: bool) -> None:  # fmt: skip
+def tune_command(profile_path: str, out: str | None, as_json: bool, **values: Any) -> None:
     """Search, run the K best plans and every torch schedule for real, refit, repeat; plan.json is the
     contender that MEASURED fastest (a torch schedule if one did, exported for torchtitan)."""
     from umsearch.core.errors import ModelSpecError
     from umsearch.core.output_folder import OutputFolder
     from umsearch.orchestrate.trust import trust_line
-    from umsearch.orchestrate.tune import TuneConfig, stopped_by, tune_meta, tune_on_machine
+    from umsearch.orchestrate.tune import stopped_by, tune_meta, tune_on_machine
     from umsearch.orchestrate.tune_output import EXPORT_FILES, FILES, fill, verdict
-    from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.factory import spec_factory
-    from umsearch.search.space import build_space
 
-    profile = load_profile(profile_path)
-    if model_args and model is None:
+    space_values = {"profile": profile_path, **{k: values.pop(k) for k in _SPACE_KEYS if values.get(k) is not None}}
+    for k in _SPACE_KEYS:
+        values.pop(k, None)
+    space = build_space(space_values)
+    run, choice, rest = split_values(values)
+    cfg = TuneConfig(**rest, state_factor=space.state_factor)  # every flag checked before any file is read
+    if choice.model_args and choice.model is None:
         raise ModelSpecError("--arg needs --model: it is an argument of the model you name")
-    spec = _spec(profile, profile_path, model, model_args, trust_model_code)
-    values: dict[str, Any] = {"profile": profile_path, "ranks": ranks, "global_batch": global_batch,
-                              "time_budget_s": search_budget_s, "seed": seed,
-                              "stages_per_rank": _int_list(stages_per_rank)}  # fmt: skip
-    if memory_limit is not None:
-        values["memory_limit"] = memory_limit
-    space = build_space(values)
-    cfg = TuneConfig(k=k, max_rounds=max_rounds, measure_rounds=measure_rounds, budget_min=budget_min,
-                     scales=scales, state_factor=space.state_factor)  # type: ignore[arg-type]  # fmt: skip
-    run_cfg = RunConfig(warmup_steps=warmup_steps, seed=seed, launch=LaunchConfig(threads=threads, timeout_s=600))
+    profile = load_profile(profile_path)
+    spec = _spec(profile, profile_path, choice.model, choice.model_args, choice.trust_model_code)
+    seed = space.search.seed
+    run_cfg = dataclasses.replace(run, seed=seed, launch=dataclasses.replace(run.launch, timeout_s=600))
     target = Path(out) if out else Path("results") / "tune" / Path(profile_path).stem
     folder = OutputFolder(target, "--out", inputs=[profile_path], expected=(*FILES, *EXPORT_FILES))  # before any work
     err_console.print(trust_line(profile, profile_path), soft_wrap=True, markup=False)

@@ -32,11 +32,12 @@ import signal
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from umsearch.core.cost import CostModel
 from umsearch.core.errors import SearchSpaceError
+from umsearch.core.options import check_bounds, option
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
 from umsearch.orchestrate.fit import MeasuredPlan, Scales, fit_report
@@ -57,25 +58,31 @@ def stopped_by(signum: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TuneConfig:
-    """How long and how hard to tune."""
+    """How long and how hard to tune (``umsearch tune``'s own settings; the search and run ones it shares
+    with ``search`` and ``run`` come from theirs)."""
 
-    k: int = 4
+    k: int = field(default=4, metadata=option(
+        "Distinct searched plans measured per round.", kind="int", bounds=(1, 32)))  # fmt: skip
     """Distinct searched plans per round."""
-    max_rounds: int = 4
+    max_rounds: int = field(default=4, metadata=option(
+        "Most rounds of search, measure and refit.", kind="int", bounds=(1, 100), aliases=("--rounds",)))  # fmt: skip
     """Most rounds of the loop."""
-    measure_rounds: int = 10
+    measure_rounds: int = field(default=10, metadata=option(
+        "Rotated measured rounds of every contender per round.", kind="int", bounds=(2, 10_000)))  # fmt: skip
     """Rotated measured rounds of every contender per loop round."""
-    budget_min: float = 30.0
+    budget_min: float = field(default=30.0, metadata=option(
+        "Wall-clock budget in minutes: no round starts that would end past it.", kind="float",
+        bounds=(0, 7 * 24 * 60)))  # fmt: skip
     """Wall-clock budget: no round starts that would, at the last round's pace, end past it."""
-    scales: Scales = "stage_scale"
+    scales: Scales = field(default="stage_scale", metadata=option(
+        "How the refit models layers run together in a stage.", kind="choice",
+        choices=("stage_scale", "ranges", "none")))  # fmt: skip
     """How the refit models layers run together (:mod:`umsearch.orchestrate.fit`)."""
     state_factor: float = 4.0
-    """Bytes of training state per parameter byte (the predictions' memory term)."""
+    """Bytes of training state per parameter byte (the predictions' memory term; the search space's)."""
 
     def __post_init__(self) -> None:
-        for name, lo in (("k", 1), ("max_rounds", 1), ("measure_rounds", 2)):
-            if getattr(self, name) < lo:
-                raise SearchSpaceError(f"tune {name} = {getattr(self, name)}: give at least {lo}")
+        check_bounds(self, SearchSpaceError)
         if not self.budget_min > 0:
             raise SearchSpaceError(f"--budget-min {self.budget_min}: give a positive number of minutes")
 

@@ -1,8 +1,8 @@
 """Settings of one ``umsearch run``, and the one table of its command-line flags.
 
 Every run setting is a field of :class:`LaunchConfig`, :class:`RunConfig` or
-:class:`ModelChoice`; a field that is also a flag says so in its metadata
-(:class:`Flag`). Three things are generated from that table and from nothing
+:class:`ModelChoice`; a field that is also a flag says so in its metadata, an
+:class:`~umsearch.core.options.Option` (the one way settings are declared). Three things are generated from that table and from nothing
 else, so they cannot disagree: the click options of ``umsearch run`` /
 ``umsearch validate``, the argparse flags of the torchrun entry point
 (:mod:`umsearch.runtime.torchrun`), and :func:`to_argv`, which writes configs
@@ -15,113 +15,39 @@ on a command line: the entry point uses their defaults.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from umsearch.core.errors import ModelSpecError, UmsearchError
 from umsearch.core.model_spec import parse_arg
+from umsearch.core.options import (
+    Scope,
+    Setting,
+    float_in,
+    int_at_least,
+    nonempty,
+    one_of,
+    option,
+    settings,
+)
 from umsearch.core.profile import PRECISIONS
-
-Kind = Literal["value", "switch", "multiple"]
-Scope = Literal["ranks", "launcher"]
 
 
 class FlagValueError(UmsearchError):
     """A flag got a value it does not take (the message names the flag and the fix)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Flag:
-    """How one config field is spelled and parsed on a command line."""
-
-    name: str
-    """``--steps``: the flag."""
-    help: str
-    """One sentence for ``--help``."""
-    parse: Callable[[str], Any] = str
-    """Text to field value; raises :class:`FlagValueError` (or ValueError) on a bad value."""
-    show: Callable[[Any], str] = str
-    """Field value to text that :attr:`parse` reads back to the same value."""
-    kind: Kind = "value"
-    """``value``: ``--name VALUE``; ``switch``: present or not; ``multiple``: repeatable, a tuple."""
-    invert: bool = False
-    """For a switch: present sets the field to False (``--no-pin-cores``)."""
-    scope: Scope = "ranks"
-    """``ranks``: also a flag of the entry point (written by :func:`to_argv`); ``launcher``: only
-    ``umsearch run`` / ``validate`` know it (a local run's time limit)."""
-    metavar: str | None = None
-    """Placeholder in ``--help``."""
-    hidden: bool = False
-    """Left out of ``--help``."""
-
-
-def _flag(**kw: Any) -> dict[str, Flag]:
-    return {"flag": Flag(**kw)}
-
-
-def _int_at_least(lo: int, name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise FlagValueError(f"{name} takes an integer, got {text!r}") from None
-        if value < lo:
-            raise FlagValueError(f"{name} must be at least {lo}, got {value}")
-        return value
-
-    return parse
+def _nonnegative_float(name: str) -> Callable[[str], float]:
+    return float_in(name, 0.0, float("inf"))
 
 
 def _positive_float(name: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise FlagValueError(f"{name} takes a number, got {text!r}") from None
-        if not 0 < value < float("inf"):
-            raise FlagValueError(f"{name} must be a positive finite number, got {text}")
-        return value
-
-    return parse
-
-
-def _finite_float(name: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise FlagValueError(f"{name} takes a number, got {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise FlagValueError(f"{name} must be a finite number, got {text}")
-        return value
-
-    return parse
-
-
-def _nonnegative_float(name: str) -> Callable[[str], float]:
-    finite = _finite_float(name)
-
-    def parse(text: str) -> float:
-        value = finite(text)
-        if value < 0:
-            raise FlagValueError(f"{name} must be 0 or more, got {text}")
-        return value
-
-    return parse
-
-
-def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise FlagValueError(f"{name} takes one of {', '.join(choices)}, got {text!r}")
-        return text
-
-    return parse
+    return float_in(name, 0.0, float("inf"), lo_open=True)
 
 
 def _threads(text: str) -> int | None:
-    value = _int_at_least(0, "--threads")(text)
+    value = int_at_least(0, "--threads")(text)
     return value or None
 
 
@@ -137,34 +63,25 @@ def _model_arg(text: str) -> str:
     return text
 
 
-def _nonempty(name: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if not text:
-            raise FlagValueError(f"{name} takes a non-empty value")
-        return text
-
-    return parse
-
-
 @dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """How to start the rank processes."""
 
-    backend: str = field(default="gloo", metadata=_flag(
-        name="--backend", parse=_choice("--backend", ("gloo", "nccl")), metavar="[gloo|nccl]",
+    backend: str = field(default="gloo", metadata=option(
+        kind="choice", choices=("gloo", "nccl"), flag="--backend", parse=one_of("--backend", ("gloo", "nccl")), metavar="[gloo|nccl]",
         help="gloo: CPU processes; nccl: one GPU per rank (cuda:LOCAL_RANK)."))  # fmt: skip
     """``gloo`` (CPU tensors) or ``nccl`` (one GPU per rank, ``cuda:LOCAL_RANK``)."""
-    threads: int | None = field(default=1, metadata=_flag(
-        name="--threads", parse=_threads, show=_show_threads, metavar="N",
+    threads: int | None = field(default=1, metadata=option(
+        kind="int", flag="--threads", parse=_threads, show=_show_threads, metavar="N",
         help="torch threads per rank (0: torch's default); on CPU each rank is pinned to its own cores "
              "when there are enough."))  # fmt: skip
     """``torch.set_num_threads`` in each rank (and ``OMP_NUM_THREADS``); None leaves torch's default."""
-    timeout_s: float = field(default=300.0, metadata=_flag(
-        name="--timeout", parse=_positive_float("--timeout"), show=repr, metavar="SECONDS",
+    timeout_s: float = field(default=300.0, metadata=option(
+        kind="float", flag="--timeout", parse=_positive_float("--timeout"), show=repr, metavar="SECONDS",
         help="Seconds a rank may wait for a peer (every link) before the run fails."))  # fmt: skip
     """Seconds a rank may wait for a peer (every process group, pipeline links included) before it fails."""
-    run_timeout_s: float | None = field(default=None, metadata=_flag(
-        name="--time-limit", parse=_positive_float("--time-limit"), show=repr, scope="launcher",
+    run_timeout_s: float | None = field(default=None, metadata=option(
+        kind="float", flag="--time-limit", parse=_positive_float("--time-limit"), show=repr, scope="launcher",
         metavar="SECONDS",
         help="Stop a local run that is still going this many seconds after all its ranks started."))  # fmt: skip
     """Stop everything when a local run is still going this long after every rank has started (None:
@@ -172,8 +89,8 @@ class LaunchConfig:
     start_timeout_s: float = 600.0
     """Give up on a local launch whose ranks have not all started (imported umsearch, joined the
     process group) this long after torchrun was started; generous, for loaded machines."""
-    pin_cores: bool = field(default=True, metadata=_flag(
-        name="--no-pin-cores", kind="switch", invert=True,
+    pin_cores: bool = field(default=True, metadata=option(
+        flag="--no-pin-cores", kind="switch", invert=True,
         help="Do not pin CPU ranks to cores of their own."))  # fmt: skip
     """On CPU, pin each local rank to its own ``threads`` cores (``os.sched_setaffinity``) when the
     machine has enough of them, so that ranks do not migrate onto each other's cores."""
@@ -183,35 +100,35 @@ class LaunchConfig:
 class RunConfig:
     """How many iterations to run, with which data, optimizer and processes."""
 
-    steps: int = field(default=20, metadata=_flag(
-        name="--steps", parse=_int_at_least(1, "--steps"), metavar="N", help="Iterations to run."))  # fmt: skip
+    steps: int = field(default=20, metadata=option(
+        kind="int", flag="--steps", parse=int_at_least(1, "--steps"), metavar="N", help="Iterations to run."))  # fmt: skip
     """Iterations (global batches) to run."""
-    warmup_steps: int = field(default=2, metadata=_flag(
-        name="--warmup-steps", parse=_int_at_least(0, "--warmup-steps"), metavar="N",
+    warmup_steps: int = field(default=2, metadata=option(
+        kind="int", flag="--warmup-steps", parse=int_at_least(0, "--warmup-steps"), metavar="N",
         help="Leading iterations left out of the median and the spread."))  # fmt: skip
     """Leading iterations left out of the reported median and spread (allocator, caches warming up)."""
-    seed: int = field(default=0, metadata=_flag(
-        name="--seed", parse=_int_at_least(0, "--seed"), metavar="N", help="Seed of weights and batches."))  # fmt: skip
+    seed: int = field(default=0, metadata=option(
+        kind="int", flag="--seed", parse=int_at_least(0, "--seed"), metavar="N", help="Seed of weights and batches."))  # fmt: skip
     """Seed of the model weights and of the batches (batch i uses seed * 1_000_003 + i)."""
-    lr: float = field(default=0.01, metadata=_flag(
-        name="--lr", parse=_nonnegative_float("--lr"), show=repr, metavar="RATE", help="SGD learning rate."))  # fmt: skip
+    lr: float = field(default=0.01, metadata=option(
+        kind="float", flag="--lr", parse=_nonnegative_float("--lr"), show=repr, metavar="RATE", help="SGD learning rate."))  # fmt: skip
     """SGD learning rate."""
     check: bool = True
     """Refuse, before running, a plan that deadlocks or does not fit the model (in the launching
     process and again in every rank). Off only to test the runtime's own failure handling."""
-    collect_grads: bool = field(default=False, metadata=_flag(
-        name="--grads", kind="switch",
+    collect_grads: bool = field(default=False, metadata=option(
+        flag="--grads", kind="switch",
         help="Also report every parameter's gradient after the last iteration (--json, --out): "
              "to check a plan against single-process training."))  # fmt: skip
     """Return every parameter's gradient after the last iteration."""
-    precision: str | None = field(default=None, metadata=_flag(
-        name="--dtype", parse=_choice("--dtype", PRECISIONS), metavar="[fp32|tf32|bf16|fp16]",
+    precision: str | None = field(default=None, metadata=option(
+        kind="choice", choices=PRECISIONS, flag="--dtype", parse=one_of("--dtype", PRECISIONS), metavar="[fp32|tf32|bf16|fp16]",
         help="Training precision (bf16/fp16: autocast; fp16 with loss scaling); default and only accepted "
              "value: the profile's."))  # fmt: skip
     """Training precision of the run (:data:`~umsearch.core.profile.PRECISIONS`); None: the profile's
     (the launcher resolves it and hands the ranks the value; a rank given None runs fp32)."""
-    out: str | None = field(default=None, metadata=_flag(
-        name="--out", parse=_nonempty("--out"), metavar="FILE",
+    out: str | None = field(default=None, metadata=option(
+        kind="path", flag="--out", parse=nonempty("--out"), metavar="FILE",
         help="Write the run's report (umsearch.run/1 JSON) here: the launcher on a local run, rank 0 "
              "on a cluster."))  # fmt: skip
     """Where the run's report goes (written by the launcher locally, by rank 0 on a cluster)."""
@@ -241,23 +158,23 @@ class ModelChoice:
     :attr:`trust_model_code` is set (:func:`umsearch.runtime.factory.resolve_plan`).
     """
 
-    profile: str | None = field(default=None, metadata=_flag(
-        name="--profile", parse=_nonempty("--profile"), metavar="PROFILE.json",
+    profile: str | None = field(default=None, metadata=option(
+        kind="path", flag="--profile", parse=nonempty("--profile"), metavar="PROFILE.json",
         help="Profile of the plan (default: the one the plan names); its model_spec names the model "
              "when the plan does not."))  # fmt: skip
     """``--profile``: overrides the plan's own profile (prediction, and model when the plan names none)."""
-    model: str | None = field(default=None, metadata=_flag(
-        name="--model", parse=_nonempty("--model"), metavar="SOURCE",
+    model: str | None = field(default=None, metadata=option(
+        kind="text", flag="--model", parse=nonempty("--model"), metavar="SOURCE",
         help="Model to run instead of the plan's: a zoo name or package.module:function (trusted: you "
              "name the code)."))  # fmt: skip
     """``--model``: a zoo name or ``package.module:function``; replaces the plan's model."""
-    model_args: tuple[str, ...] = field(default=(), metadata=_flag(
-        name="--arg", parse=_model_arg, kind="multiple", metavar="KEY=VALUE",
+    model_args: tuple[str, ...] = field(default=(), metadata=option(
+        flag="--arg", parse=_model_arg, kind="multiple", metavar="KEY=VALUE",
         help="Keyword argument of --model (repeatable); without any, the plan's own arguments are "
              "kept when it names the same model."))  # fmt: skip
     """``--arg KEY=VALUE`` texts, in order (parsed by :func:`umsearch.core.model_spec.parse_arg`)."""
-    trust_model_code: bool = field(default=False, metadata=_flag(
-        name="--trust-model-code", kind="switch",
+    trust_model_code: bool = field(default=False, metadata=option(
+        flag="--trust-model-code", kind="switch",
         help="Run a model the plan or profile file names even when it is not a zoo model (that "
              "imports and runs its module's code: only for files you trust)."))  # fmt: skip
     """Let a plan or profile file choose code outside the zoo (as Hugging Face's ``trust_remote_code``)."""
@@ -267,45 +184,23 @@ CONFIG_TYPES: tuple[type, ...] = (RunConfig, LaunchConfig, ModelChoice)
 """The dataclasses whose flagged fields make up the flag table."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class FlagField:
-    """One row of the flag table: a config field and its flag."""
-
-    owner: type
-    """The config dataclass holding the field."""
-    dest: str
-    """The field's name; also the click parameter name and the argparse ``dest``."""
-    flag: Flag
-    """How it is spelled and parsed."""
-    default: Any
-    """The field's default (the flag's default)."""
-
-
-def _rows() -> Iterator[FlagField]:
-    for owner in CONFIG_TYPES:
-        for f in dataclasses.fields(owner):
-            flag = f.metadata.get("flag")
-            if flag is not None:
-                assert f.default is not dataclasses.MISSING, "a flagged field has a plain default"
-                yield FlagField(owner=owner, dest=f.name, flag=flag, default=f.default)
-
-
-FLAGS: tuple[FlagField, ...] = tuple(_rows())
+FLAGS: tuple[Setting, ...] = tuple(row for owner in CONFIG_TYPES for row in settings(owner))
 """Every flag, in declaration order; dests are unique across the config types."""
-assert len({r.dest for r in FLAGS}) == len(FLAGS) and len({r.flag.name for r in FLAGS}) == len(FLAGS)
+assert len({r.dest for r in FLAGS}) == len(FLAGS) and len({r.flag for r in FLAGS}) == len(FLAGS)
+assert all(r.default is not dataclasses.MISSING for r in FLAGS), "a flagged field has a default"
 
 
-def flags(scope: Scope | None = None) -> tuple[FlagField, ...]:
+def flags(scope: Scope | None = None) -> tuple[Setting, ...]:
     """The rows of ``scope`` (None: all of them)."""
-    return tuple(r for r in FLAGS if scope is None or r.flag.scope == scope)
+    return tuple(r for r in FLAGS if scope is None or r.option.scope == scope)
 
 
-def field_value(row: FlagField, raw: Any) -> Any:
+def field_value(row: Setting, raw: Any) -> Any:
     """The field value of what a parser gave for ``row`` (a parsed value, a switch's bool, a list)."""
-    kind = row.flag.kind
+    kind = row.option.kind
     if kind == "switch":
         present = bool(raw)
-        return (not present) if row.flag.invert else present
+        return (not present) if row.option.invert else present
     if kind == "multiple":
         return tuple(raw or ())
     return raw
@@ -322,7 +217,7 @@ def configs_from_values(values: Mapping[str, Any]) -> tuple[RunConfig, ModelChoi
     return RunConfig(launch=launch, **by_owner[RunConfig]), ModelChoice(**by_owner[ModelChoice])
 
 
-def _value_of(row: FlagField, run: RunConfig, model: ModelChoice) -> Any:
+def _value_of(row: Setting, run: RunConfig, model: ModelChoice) -> Any:
     holder = {LaunchConfig: run.launch, RunConfig: run, ModelChoice: model}[row.owner]
     return getattr(holder, row.dest)
 
@@ -334,13 +229,13 @@ def to_argv(run: RunConfig, model: ModelChoice | None = None, scope: Scope = "ra
     argv: list[str] = []
     for row in flags(scope):
         value = _value_of(row, run, model)
-        fl = row.flag
-        if fl.kind == "switch":
-            if value is (not fl.invert):
-                argv.append(fl.name)
-        elif fl.kind == "multiple":
-            argv += [f"{fl.name}={fl.show(v)}" for v in value]
+        opt = row.option
+        if opt.kind == "switch":
+            if value is (not opt.invert):
+                argv.append(row.flag)
+        elif opt.kind == "multiple":
+            argv += [f"{row.flag}={opt.show(v)}" for v in value]
         elif value is not None or row.default is not None:
             # None is absent only where it is the default (--threads 0 means None, default 1).
-            argv.append(f"{fl.name}={fl.show(value)}")
+            argv.append(f"{row.flag}={opt.show(value)}")
     return argv

@@ -47,9 +47,8 @@ from typing import Any
 
 from umsearch.core.errors import RuntimeExecutionError, UmsearchError
 from umsearch.core.jsonio import write_json
+from umsearch.core.options import Setting
 from umsearch.runtime.config import (
-    FlagField,
-    FlagValueError,
     LaunchConfig,
     RunConfig,
     configs_from_values,
@@ -59,14 +58,16 @@ from umsearch.runtime.launch import LAUNCHER_PID_ENV
 from umsearch.runtime.sealed import JOB_FILE, check_private_dir, env_key, read_sealed, write_sealed
 
 
-def _arg_type(row: FlagField) -> Callable[[str], Any]:
+def _arg_type(row: Setting) -> Callable[[str], Any]:
+    parse = row.option.parse or str
+
     def convert(text: str) -> Any:
         try:
-            return row.flag.parse(text)
-        except (FlagValueError, ValueError) as exc:
+            return parse(text)
+        except (UmsearchError, ValueError) as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    convert.__name__ = row.flag.metavar or row.dest  # argparse names the type in its errors
+    convert.__name__ = row.option.metavar or row.dest  # argparse names the type in its errors
     return convert
 
 
@@ -76,13 +77,13 @@ def parser() -> argparse.ArgumentParser:
                                  description="Run one rank of a pipeline plan; start it with torchrun.")  # fmt: skip
     ap.add_argument("plan", nargs="?", metavar="PLAN.json", help="the plan (its 'model' says what to build)")
     for row in flags("ranks"):
-        fl = row.flag
-        helptext = argparse.SUPPRESS if fl.hidden else fl.help.replace("%", "%%")
-        if fl.kind == "switch":
-            ap.add_argument(fl.name, dest=row.dest, action="store_true", help=helptext)
+        opt = row.option
+        helptext = argparse.SUPPRESS if opt.hidden else opt.help.replace("%", "%%")
+        if opt.kind == "switch":
+            ap.add_argument(row.flag, dest=row.dest, action="store_true", help=helptext)
         else:
-            ap.add_argument(fl.name, dest=row.dest, type=_arg_type(row), metavar=fl.metavar, help=helptext,
-                            action="append" if fl.kind == "multiple" else "store", default=argparse.SUPPRESS)  # fmt: skip
+            ap.add_argument(row.flag, dest=row.dest, type=_arg_type(row), metavar=opt.metavar, help=helptext,
+                            action="append" if opt.kind == "multiple" else "store", default=argparse.SUPPRESS)  # fmt: skip
     ap.add_argument("--result-dir", default=None, help=argparse.SUPPRESS)  # the launcher's private folder
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)  # launch(): the sealed job in that folder
     return ap

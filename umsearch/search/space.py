@@ -23,6 +23,7 @@ from typing import Any, Literal
 from umsearch.core.cluster import Cluster
 from umsearch.core.errors import SearchSpaceError
 from umsearch.core.links import PRESETS, link_numbers
+from umsearch.core.options import Option, Setting, option
 from umsearch.core.plan import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES_PER_RANK
 from umsearch.core.profile import Link
 from umsearch.core.schedules import PEER_SCHEDULES
@@ -51,32 +52,22 @@ def parse_bytes(value: Any, key: str = "memory_limit") -> float:
     raise SearchSpaceError(f"{key} = {value!r} is not a size; write e.g. '80GiB', '16GB' or a byte count")
 
 
-Kind = Literal["text", "path", "int", "float", "size", "bool", "choice", "ints", "names", "link"]
-
-
-def option(help: str, *, dest: str, kind: Kind, bounds: tuple[float, float] | None = None,
-           choices: tuple[str, ...] = (), flag: str | None = None, default_doc: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """Field metadata: the one place a key is documented and bounded. ``dest`` is its name among the
-    flat values of :func:`build_space` (and the CLI flag's), ``flag`` the flag when not
-    ``--dest-with-dashes``, ``default_doc`` the default as the README shows it when not the value."""
-    return {"help": help, "dest": dest, "kind": kind, "bounds": bounds, "choices": choices,
-            "flag": flag or "--" + dest.replace("_", "-"), "default_doc": default_doc}  # fmt: skip
-
-
 @dataclass(frozen=True, kw_only=True)
 class MicrobatchTable:
     """``[microbatch]``: the microbatch sizes a plan may use."""
 
     min: int = field(default=1, metadata=option("smallest microbatch size", dest="min_microbatch", kind="int",
-                                                bounds=(1, MAX_BATCH)))  # fmt: skip
+                                                bounds=(1, MAX_BATCH), flag="--microbatch-min",
+                                                aliases=("--min-microbatch",)))  # fmt: skip
     max: int = field(default=0, metadata=option("largest microbatch size (0: the global batch)", dest="max_microbatch",
-                                                kind="int", bounds=(0, MAX_BATCH), default_doc="B"))  # fmt: skip
+                                                kind="int", bounds=(0, MAX_BATCH), default_doc="B",
+                                                flag="--microbatch-max", aliases=("--max-microbatch",)))  # fmt: skip
     multiple_of: int = field(default=1, metadata=option(
         "sizes must be multiples of this (a remainder microbatch excepted)", dest="multiple_of", kind="int",
-        bounds=(1, MAX_BATCH)))  # fmt: skip
+        bounds=(1, MAX_BATCH), flag="--microbatch-multiple-of", aliases=("--multiple-of",)))  # fmt: skip
     max_count: int = field(default=64, metadata=option(
         "most microbatches per stage (`max_count x max` must reach B)", dest="max_microbatches", kind="int",
-        bounds=(1, MAX_MICROBATCHES)))  # fmt: skip
+        bounds=(1, MAX_MICROBATCHES), flag="--microbatch-max-count", aliases=("--max-microbatches",)))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +106,7 @@ class SearchTable:
         "NSGA-II generations (the polish runs after them)", dest="generations", kind="int", bounds=(1, 100_000)))
     time_budget_s: float = field(default=30.0, metadata=option(
         "safety stop: after this many seconds keep the best found (the result then depends on machine speed; the "
-        "CLI says so)", dest="time_budget_s", kind="float", bounds=(0, 7 * 86400), flag="--time-budget"))  # fmt: skip
+        "CLI says so)", dest="time_budget_s", kind="float", bounds=(0, 7 * 86400), aliases=("--time-budget",)))  # fmt: skip
     polish_rounds: int = field(default=1, metadata=option(
         "rounds of the final local search, each from the best plan of every structure; a round that improves "
         "nothing ends it (more: steadier across seeds, slower)", dest="polish_rounds", kind="int",
@@ -173,7 +164,7 @@ class SearchSpace:
         "`[cluster]`, optional: it fixes R, else the search chooses", dest="ranks", kind="int",
         bounds=(1, MAX_RANKS), default_doc="required"))  # fmt: skip
     global_batch: int = field(metadata=option("samples per iteration B", dest="global_batch", kind="int",
-                                              bounds=(1, MAX_BATCH), flag="--batch", default_doc="required"))  # fmt: skip
+                                              bounds=(1, MAX_BATCH), aliases=("--batch",), default_doc="required"))  # fmt: skip
     memory_limit: float = field(default=float(80 * 2**30), metadata=option(
         "per-device limit: `80GiB`, `16GB`, `512MiB` or bytes", dest="memory_limit", kind="size",
         default_doc="80GiB"))  # fmt: skip
@@ -225,7 +216,25 @@ def _entries() -> list[tuple[str, Any]]:
 
 _ENTRIES = _entries()
 """Every key: (table, or "" for the top level; its dataclass field)."""
-_BY_DEST = {f.metadata["dest"]: (table, f) for table, f in _ENTRIES}
+
+
+def _opt(f: Any) -> Option:
+    """The :class:`~umsearch.core.options.Option` a key's field declares."""
+    opt: Option = f.metadata["option"]
+    return opt
+
+
+def _dest(f: Any) -> str:
+    """A key's name among the flat values (and its flag's parameter)."""
+    return _opt(f).dest or f.name
+
+
+def _flag(f: Any) -> str:
+    """A key's flag: its own, else ``--`` and its dest with dashes."""
+    return _opt(f).flag or "--" + _dest(f).replace("_", "-")
+
+
+_BY_DEST = {_dest(f): (table, f) for table, f in _ENTRIES}
 _REMOVED = {("schedule", "family"): "schedule.family was removed in version 2 (the search orders actions "
                                     "freely and compares with every peer schedule); delete it, or restrict "
                                     "[schedule] stages_per_rank / peers instead"}  # fmt: skip
@@ -234,8 +243,16 @@ _REMOVED = {("schedule", "family"): "schedule.family was removed in version 2 (t
 def options() -> list[dict[str, Any]]:
     """Every key's metadata (:func:`option`) plus ``key`` (as a TOML writes it, e.g. ``[search] seed``):
     what the CLI builds its flags from and the README table is made of."""
-    return [{**f.metadata, "key": f"[{table}] {f.name}" if table else f.name, "default": f.default}
-            for table, f in _ENTRIES]  # fmt: skip
+    return [{"help": _opt(f).help, "dest": _dest(f), "kind": _opt(f).kind, "bounds": _opt(f).bounds,
+             "choices": _opt(f).choices, "flag": _flag(f), "aliases": _opt(f).aliases,
+             "default_doc": _opt(f).default_doc, "key": f"[{table}] {f.name}" if table else f.name,
+             "default": f.default} for table, f in _ENTRIES]  # fmt: skip
+
+
+def space_settings(dests: Collection[str] | None = None) -> list[Setting]:
+    """Every key (or those of ``dests``, in that order) as a declared setting: what commands make flags of."""
+    rows = {_dest(f): Setting(TABLES[table] if table else SearchSpace, f, _opt(f)) for table, f in _ENTRIES}
+    return list(rows.values()) if dests is None else [rows[d] for d in dests]
 
 
 def _default_doc(o: dict[str, Any]) -> str:
@@ -271,9 +288,9 @@ def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
                     raise SearchSpaceError(_REMOVED[(key, sub)])
                 if sub not in known:
                     raise SearchSpaceError(f"unknown key {key}.{sub}; known: {', '.join(sorted(known))}")
-                flat[known[sub].metadata["dest"]] = v
+                flat[_dest(known[sub])] = v
         elif key in top or key == "stages":
-            flat[top[key].metadata["dest"] if key in top else key] = value
+            flat[_dest(top[key]) if key in top else key] = value
         else:
             raise SearchSpaceError(f"unknown key {key!r}; known top-level keys: {', '.join(sorted([*top, 'stages']))}")
     return flat
@@ -285,8 +302,8 @@ def _where(table: str, name: str) -> str:
 
 def _value(table: str, f: Any, v: Any) -> Any:
     """One key's value, checked against its metadata; :class:`SearchSpaceError` names the key and the fix."""
-    o, key = f.metadata, _where(table, f.name)
-    kind, bounds = o["kind"], o["bounds"]
+    o, key = _opt(f), _where(table, f.name)
+    kind, bounds = o.kind, o.bounds or (0, math.inf)
     if kind == "int":
         return _int(key, v, int(bounds[0]), int(bounds[1]))
     if kind == "float":
@@ -296,13 +313,13 @@ def _value(table: str, f: Any, v: Any) -> Any:
     if kind == "bool":
         return _bool(key, v)
     if kind == "choice":
-        if v not in o["choices"]:
-            raise SearchSpaceError(f"{key} = {v!r}: use {', '.join(map(repr, o['choices']))}")
+        if v not in o.choices:
+            raise SearchSpaceError(f"{key} = {v!r}: use {', '.join(map(repr, o.choices))}")
         return v
     if kind == "ints":
         return _int_list(key, v, bounds)
     if kind == "names":
-        return _names(key, v, o["choices"])
+        return _names(key, v, o.choices)
     if kind == "link":
         return parse_link(v, key)
     if not isinstance(v, str):
@@ -412,7 +429,7 @@ def _build(values: dict[str, Any], base_dir: Path | None, flags: Collection[str]
         """Where ``dest``'s value came from when not the space TOML: its file, or its flag."""
         if isinstance(v.get(dest), FromFile):
             return str(v[dest].path)
-        return f"flag {_BY_DEST[dest][1].metadata['flag']}" if dest in flags else None
+        return f"flag {_flag(_BY_DEST[dest][1])}" if dest in flags else None
 
     def located(message: str, *dests: str) -> SearchSpaceError:
         """The error of ``message``, prefixed with the first of ``dests``' origins that is known."""
@@ -425,11 +442,11 @@ def _build(values: dict[str, Any], base_dir: Path | None, flags: Collection[str]
         except SearchSpaceError as exc:
             raise located(str(exc), dest) from None
 
-    in_cluster = sorted(f.metadata["dest"] for f in fields(ClusterTable) if f.metadata["dest"] in v)
+    in_cluster = sorted(_dest(f) for f in fields(ClusterTable) if _dest(f) in v)
     for required in ("profile", "global_batch") if in_cluster else ("profile", "ranks", "global_batch"):
         if v.get(required) is None:
-            flag = {"global_batch": "batch"}.get(required, required)
-            raise SearchSpaceError(f"search space needs {required!r}; set it in the TOML or pass --{flag}")
+            raise SearchSpaceError(f"search space needs {required!r}; set it in the TOML or pass "
+                                   f"{_flag(_BY_DEST[required][1])}")  # fmt: skip
     missing = _cluster_missing(in_cluster)
     if missing:
         raise located(missing, *in_cluster)
