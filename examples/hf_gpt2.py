@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from umsearch.adapters import HiddenState
+from umsearch.nn.adapters import HiddenState
 
 
 class Embeddings(nn.Module):

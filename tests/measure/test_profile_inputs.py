@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from umsearch.cli.profile import link_choice, profile_command
+from umsearch.cli.profile_model import link_choice, profile_command
 from umsearch.core.errors import OutputError, ProfilingError, UmsearchError
 from umsearch.core.links import ONE_GPU_DEFAULT, PRESETS
 from umsearch.core.profile import load_profile, profile_from_json, profile_precision

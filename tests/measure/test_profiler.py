@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from umsearch.cli.profile import profile_command
+from umsearch.cli.profile_model import profile_command
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import Link, profile_from_json
 from umsearch.measure.profiler import saved_bytes
@@ -237,7 +237,7 @@ def test_parameter_free_first_layer_has_no_backward() -> None:
 
 
 def test_isotonic_fit_never_decreases_and_keeps_the_raw_medians() -> None:
-    from umsearch.measure.fit import fit_curve
+    from umsearch.measure.curves import fit_curve
 
     curve = fit_curve([[1.0, 1.2, 0.9], [3.0, 0.5, 0.6], [2.0, 2.1, 1.9], [4.0]])
     assert curve.raw == (1.0, 0.6, 2.0, 4.0)
@@ -249,7 +249,7 @@ def test_isotonic_fit_never_decreases_and_keeps_the_raw_medians() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=5), min_size=1, max_size=8))
 def test_isotonic_fit_is_monotone(samples: list[list[float]]) -> None:
-    from umsearch.measure.fit import isotonic_median
+    from umsearch.measure.curves import isotonic_median
 
     fitted = isotonic_median(samples)
     assert len(fitted) == len(samples) and all(a <= b for a, b in zip(fitted, fitted[1:], strict=False))

@@ -175,7 +175,7 @@ class SimulatedMachine:
             assert res.iteration_ms is not None
             steps = ()
             if e.runtime == "umsearch":
-                from umsearch.runtime.run import StepResult
+                from umsearch.runtime.run_plan import StepResult
 
                 steps = tuple(StepResult(iteration_ms=res.iteration_ms, step_ms=res.iteration_ms, loss=None,
                                          records=res.records) for _ in range(rounds))  # fmt: skip

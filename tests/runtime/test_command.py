@@ -32,7 +32,7 @@ from umsearch.core.profile import file_sha256, save_profile
 from umsearch.runtime.config import LaunchConfig, ModelChoice, RunConfig
 from umsearch.runtime.factory import resolve_plan
 from umsearch.runtime.launch import RankFailure
-from umsearch.runtime.run import RunResult, StepResult
+from umsearch.runtime.run_plan import RunResult, StepResult
 
 MLP: dict[str, Any] = {"source": "mlp", "args": {"layers": 3, "width": 16}}
 LAYERS = 4  # three Linear+Tanh blocks and the classifier
@@ -316,7 +316,7 @@ def test_a_fidelity_row_compares_measured_rounds_with_the_simulation(tmp_path: P
     from umsearch.core.actions import ActionRecord
     from umsearch.core.cost import CostModel
     from umsearch.runtime.fidelity import Contender, FidelityReport, fidelity_row
-    from umsearch.runtime.run import StepResult
+    from umsearch.runtime.run_plan import StepResult
     from umsearch.sim.reference import simulate
 
     plan = two_rank_plan()

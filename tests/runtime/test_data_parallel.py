@@ -35,7 +35,7 @@ from umsearch.runtime.placement import (
     replica_worlds,
     stage_copies,
 )
-from umsearch.runtime.run import merge
+from umsearch.runtime.run_plan import merge
 
 
 def replicated(plan: Plan, replicas: int, layout: str) -> Plan:

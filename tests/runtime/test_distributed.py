@@ -37,7 +37,7 @@ from umsearch.core.plan_io import save_plan
 from umsearch.nn.spec import BuiltModel
 from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.launch import RankFailure, launch
-from umsearch.runtime.run import merge, run_plan
+from umsearch.runtime.run_plan import merge, run_plan
 
 pytestmark = pytest.mark.slow
 

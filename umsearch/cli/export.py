@@ -47,7 +47,7 @@ def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str], why: Plan
     Times are the simulator's under the plan's profile, not the file's claims.
     Raises ``why`` (with the way out) when there is none.
     """
-    from umsearch.core.baselines import BASELINES_FILE, checked_baselines
+    from umsearch.core.baselines_file import BASELINES_FILE, checked_baselines
     from umsearch.sim.reference import simulate
 
     path = plan_path.with_name(BASELINES_FILE)

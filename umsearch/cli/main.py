@@ -24,7 +24,7 @@ from umsearch.core.errors import UmsearchError
 # name -> "module:attribute" of a click.Command, imported on first use.
 _LAZY_COMMANDS = {
     "search": "umsearch.cli.search:search_command",
-    "profile": "umsearch.cli.profile:profile_command",
+    "profile": "umsearch.cli.profile_model:profile_command",
     "run": "umsearch.cli.run:run_command",
     "validate": "umsearch.cli.run:validate_command",
     "export": "umsearch.cli.export:export_command",

@@ -45,7 +45,7 @@ from umsearch.runtime.config import (
 )
 from umsearch.runtime.launch import ENTRY_MODULE
 from umsearch.runtime.placement import check_runnable, world_size
-from umsearch.runtime.run import check_writable
+from umsearch.runtime.run_plan import check_writable
 
 # ---------------------------------------------------------------------------
 # Options from the flag table
@@ -303,7 +303,7 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
                trace: str | None) -> None:  # fmt: skip
     from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.preflight import check_layers, count_layers
-    from umsearch.runtime.run import run_document, run_plan_file
+    from umsearch.runtime.run_plan import run_document, run_plan_file
 
     spec = loaded.require_model()  # trusted: load_checked said so
     check_layers(loaded.plan, count_layers(spec_factory(spec, cfg.seed)))

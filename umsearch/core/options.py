@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["text", "path", "int", "float", "size", "bool", "choice", "ints", "names", "link", "switch",
+ValueKind = Literal["text", "path", "int", "float", "size", "bool", "choice", "ints", "names", "link", "switch",
                "multiple"]  # fmt: skip
 """``switch``: a flag present or not; ``multiple``: a repeatable flag (a tuple); the rest: one value."""
 Scope = Literal["ranks", "launcher"]
@@ -33,8 +33,8 @@ class Option:
 
     help: str
     """One sentence for ``--help`` and the documentation's tables."""
-    kind: Kind
-    """What value it takes (see :data:`Kind`)."""
+    kind: ValueKind
+    """What value it takes (see :data:`ValueKind`)."""
     dest: str | None = None
     """Its name among flat values (click's parameter, a search space's flattened keys); default: the field's name."""
     flag: str | None = None

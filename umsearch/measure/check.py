@@ -19,7 +19,7 @@ import torch
 
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import Profile
-from umsearch.measure.fit import iqr, median
+from umsearch.measure.curves import iqr, median
 from umsearch.measure.profiler import (
     ProfileConfig,
     Step,

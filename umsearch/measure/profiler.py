@@ -22,7 +22,7 @@
    glibc's malloc is told to keep freed memory first
    (:mod:`umsearch.measure.host_memory`), so that a burst reuses buffers as a
    training step does instead of faulting in fresh pages.
-4. Fit (:mod:`umsearch.measure.fit`): per group and quantity, the raw median
+4. Fit (:mod:`umsearch.measure.curves`): per group and quantity, the raw median
    and IQR of the rounds at each size, and the monotone fit over all rounds,
    which is the profile's value.
 5. Quality (:mod:`umsearch.measure.quality`): spreads, pooled groups,
@@ -43,7 +43,7 @@ import torch
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import LayerProfile, Link, Profile
 from umsearch.measure.burst import QUANTITIES, Unit, burst, leaf
-from umsearch.measure.fit import Curve, fit_curve, iqr, median
+from umsearch.measure.curves import Curve, fit_curve, iqr, median
 from umsearch.measure.host_memory import keep_freed_memory
 from umsearch.measure.memory import (
     MemoryPlan,
@@ -505,7 +505,7 @@ def profile_model(
     The precision's switches are set first (and recorded); sizes that do not fit the memory are
     left out (said in ``measurement.memory.note``), never allocated where the estimate says so.
     """
-    from umsearch.adapters import check_layer_outputs
+    from umsearch.nn.adapters import check_layer_outputs
 
     switches = apply_switches(config.precision)
     for m in built.layers:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from umsearch.core.profile import LayerProfile
-from umsearch.measure.fit import relative_spread
+from umsearch.measure.curves import relative_spread
 
 NAMES = {"fwd": "forward", "bwd": "backward", "bwd_input": "input-gradient", "bwd_weight": "weight-gradient"}
 """Human names of the quantities."""

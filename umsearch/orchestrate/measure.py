@@ -24,7 +24,7 @@ from umsearch.core.plan import Plan
 from umsearch.core.plan_io import plan_from_json
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.factory import ModelFactory
-from umsearch.runtime.run import StepResult, merge_step
+from umsearch.runtime.run_plan import StepResult, merge_step
 
 Runtime = Literal["umsearch", "torch"]
 

@@ -35,7 +35,7 @@ _EXPORTS = {
     "GradSync": "gradsync",
     "LayerRecord": "timing",
     "launch": "launch",
-    "RunResult": "run", "StepResult": "run", "run_plan": "run",
+    "RunResult": "run_plan", "StepResult": "run_plan", "run_plan": "run_plan",
     "WeightWork": "umsearch.nn.backward", "backward_full": "umsearch.nn.backward",
     "backward_input": "umsearch.nn.backward", "backward_weight": "umsearch.nn.backward",
 }  # fmt: skip

@@ -29,7 +29,7 @@ from umsearch.core.plan import Plan
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.factory import ModelFactory
 from umsearch.runtime.placement import world_size
-from umsearch.runtime.run import StepResult, merge_step
+from umsearch.runtime.run_plan import StepResult, merge_step
 
 FIDELITY_SCHEMA = "umsearch.fidelity/2"
 BOOTSTRAP_RESAMPLES = 4000
@@ -199,7 +199,7 @@ def _busy(steps: Sequence[StepResult], ranks: int) -> tuple[float, ...]:
 
 def fidelity_row(c: Contender, steps: Sequence[StepResult]) -> PlanFidelity:
     """Compare one contender's measured rounds with its simulation."""
-    from umsearch.runtime.run import quartiles
+    from umsearch.runtime.run_plan import quartiles
     from umsearch.sim.reference import simulate
 
     sim = simulate(c.plan, c.cost)

@@ -228,7 +228,7 @@ def _cluster_rank(rank: int, world: int, plan_json: dict[str, Any], factory: Any
     """:func:`stage_worker`, then rank 0 gathers the reports, prints each iteration and writes ``--out``."""
     import torch.distributed as dist
 
-    from umsearch.runtime.run import check_writable, merge, run_document
+    from umsearch.runtime.run_plan import check_writable, merge, run_document
     from umsearch.runtime.worker import stage_worker
 
     if rank == 0 and run.out is not None:

@@ -75,7 +75,7 @@ def check_layer_outputs(layers: Sequence[nn.Module], names: Sequence[str], input
             if isinstance(x, torch.Tensor):
                 continue
             kind = type(x).__name__
-            fix = ("wrap it as umsearch.adapters.HiddenState(block) to keep the first element"
+            fix = ("wrap it as umsearch.nn.adapters.HiddenState(block) to keep the first element"
                    if first_tensor(x) is not x and isinstance(first_tensor(x), torch.Tensor)
                    else "make it return one tensor (the state the next layer takes)")  # fmt: skip
             raise ModelSpecError(f"layer {i} ({name}) returns a {kind}, which cannot be sent between stages; {fix}")

@@ -1,4 +1,4 @@
-"""umsearch.adapters: tuple-returning blocks become pipeline layers; unsendable outputs are named."""
+"""umsearch.nn.adapters: tuple-returning blocks become pipeline layers; unsendable outputs are named."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from umsearch.adapters import HiddenState, check_layer_outputs, first_tensor
 from umsearch.core.errors import ModelSpecError
+from umsearch.nn.adapters import HiddenState, check_layer_outputs, first_tensor
 
 
 class TupleBlock(nn.Module):
