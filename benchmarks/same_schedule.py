@@ -100,7 +100,7 @@ def measure_model(section: dict[str, Any], rounds: int, launches: int = 1) -> di
     rank processes each); see the module doc."""
     from umsearch.core.model_spec import ModelSpec
     from umsearch.core.plan_io import plan_from_json
-    from umsearch.orchestrate.measure import Entry, machine
+    from umsearch.orchestrate.contenders import Entry, machine
     from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.factory import spec_factory
 

@@ -15,7 +15,7 @@ from umsearch.core.cost import CostModel
 from umsearch.core.plan_io import load_document
 from umsearch.core.profile import Profile, RuntimeCosts, load_profile
 from umsearch.orchestrate.calibration import probe_plans
-from umsearch.orchestrate.measure import Entry, Measured
+from umsearch.orchestrate.contenders import Entry, Measured
 from umsearch.orchestrate.tune import (
     STOP_BUDGET,
     STOP_INTERRUPTED,

@@ -9,7 +9,7 @@ One round of the loop:
    fastest contender defends its place;
 2. **measure** them all on the machine in rotated rounds (umsearch's runtime
    for every plan, torch's own runtime for the peers;
-   :mod:`umsearch.orchestrate.measure`);
+   :mod:`umsearch.orchestrate.contenders`);
 3. **refit** the calibration on everything that ran on umsearch's runtime so
    far (torch's runtime gives no per-action times: its medians are compared
    against, never fitted), and predict every contender again.
@@ -40,8 +40,8 @@ from umsearch.core.errors import SearchSpaceError
 from umsearch.core.options import check_bounds, option
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
+from umsearch.orchestrate.contenders import Entry, Measured, MeasureFn, Runtime
 from umsearch.orchestrate.fit import MeasuredPlan, Scales, fit_report
-from umsearch.orchestrate.measure import Entry, Measured, MeasureFn, Runtime
 
 STOP_REPEAT = "the same contender measured fastest in two consecutive rounds"
 STOP_ROUNDS = "the rounds were spent"
@@ -344,7 +344,7 @@ def tune_on_machine(profile: Profile, space: Any, factory: Any, cfg: TuneConfig,
     """:func:`tune` with the search of ``space`` proposing and this machine measuring (``factory`` builds
     the model in every rank; ``run_cfg`` is a :class:`~umsearch.runtime.config.RunConfig`)."""
     from umsearch.orchestrate.calibration import require_this_machine
-    from umsearch.orchestrate.measure import machine
+    from umsearch.orchestrate.contenders import machine
 
     require_this_machine(profile, "tune")
     return tune(profile, search_proposer(space, cfg.k), machine(factory, run_cfg), cfg, on_progress=on_progress)

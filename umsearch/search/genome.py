@@ -297,9 +297,3 @@ def genome_of(rules: Rules, v: int, kind: str, cuts: Sequence[int], forward: Seq
                policy=(0,) * rules.ranks)  # fmt: skip
     return repair(g, rules)
 
-
-def with_lists(g: Genome, forward: Sequence[Sequence[int]], rules: Rules) -> Genome:
-    """``g`` with new forward lists (backward follows where a stage does not recompute), repaired."""
-    fwd = tuple(tuple(f) for f in forward)
-    bwd = tuple(b if r else f for f, b, r in zip(fwd, g.backward, g.recompute, strict=False))
-    return repair(replace(g, forward=fwd, backward=bwd), rules)
