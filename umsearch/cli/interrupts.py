@@ -12,36 +12,23 @@ with :attr:`StopSignals.exit_code` (128 + the signal, as a shell reports it).
 from __future__ import annotations
 
 import signal
-import threading
 from types import FrameType
-from typing import Any
 
 from umsearch.core.errors import Interrupted
+from umsearch.core.signals import SignalScope
 
 
-class StopSignals:
+class StopSignals(SignalScope):
     """While active, SIGTERM and SIGHUP raise :class:`Interrupted`; :attr:`received` is the first to come."""
 
     CAUGHT = (signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _raise(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signum
+    def handle(self, signum: int, frame: FrameType | None) -> None:
         raise Interrupted(signum)
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            for s in self.CAUGHT:
-                self._old[s] = signal.signal(s, self._raise)
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
 
     def signum(self, interrupted: bool) -> int | None:
         """The signal that stopped the work: the one received, else SIGINT when it was interrupted, else None."""

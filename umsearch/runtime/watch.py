@@ -12,14 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from umsearch.core.errors import Interrupted, RuntimeExecutionError
+from umsearch.core.signals import SignalScope
 from umsearch.runtime.config import LaunchConfig
 from umsearch.runtime.triage import first_failure, ranks_text
 
@@ -33,34 +32,25 @@ class LaunchInterrupted(Interrupted):
     """The launcher got SIGTERM, SIGHUP or SIGINT; every process of the launch was stopped first."""
 
 
-class Signals:
+class Signals(SignalScope):
     """While active, SIGTERM, SIGHUP and SIGINT only note themselves; the supervisor acts on them.
 
     Raising from the handler could land between starting torchrun and
-    remembering it (an orphan); noting and polling cannot. Handlers can only
-    be set in the main thread; elsewhere the signals keep their own handlers.
+    remembering it (an orphan); noting and polling cannot.
     """
 
-    WATCHED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    CAUGHT = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
     def __init__(self) -> None:
-        self.received: int | None = None
+        super().__init__()
         self.raised = False
-        self._old: dict[int, Any] = {}
-
-    def _note(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signum
 
     def __enter__(self) -> Signals:
-        if threading.current_thread() is threading.main_thread():
-            for s in self.WATCHED:
-                self._old[s] = signal.signal(s, self._note)
+        super().__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
+        super().__exit__(*exc)
         if self.received is not None and not self.raised:
             os.kill(os.getpid(), self.received)  # came too late to act on here: its own handler decides
 
