@@ -260,3 +260,12 @@ def test_a_hard_linked_output_is_not_proven(tmp_path: Path) -> None:
     os.link(out / "report.md", tmp_path / "my-copy.md")  # the user's second name for it
     OutputFolder(out).write(_fill({"plan.json": "2"}))
     assert (out / "report.md").exists() and (tmp_path / "my-copy.md").read_text() == "r"
+
+
+def test_a_folder_reached_through_a_link_is_the_same_folder(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    OutputFolder(real).write(_fill({"plan.json": "1", "report.md": "r"}))
+    (tmp_path / "link").symlink_to(real)
+    OutputFolder(tmp_path / "link", expected=["plan.json", "report.md"]).write(_fill({"plan.json": "2",
+                                                                                    "report.md": "r2"}))
+    assert (real / "report.md").read_text() == "r2" and read_manifest(real).proves(real, "report.md")

@@ -127,7 +127,8 @@ def digest(path: str | os.PathLike[str], *, follow_links: bool = False) -> Conte
     return Content(size, h.hexdigest())
 
 
-def identity(path: Path) -> dict[str, int]:
-    """Which folder (or file) ``path`` is, on this machine: its device and inode numbers, links not followed."""
-    info = path.lstat()
+def identity(path: Path, *, follow_links: bool = False) -> dict[str, int]:
+    """Which folder (or file) ``path`` is, on this machine: its device and inode numbers (of the link
+    itself unless ``follow_links``)."""
+    info = path.stat() if follow_links else path.lstat()
     return {"device": info.st_dev, "inode": info.st_ino}

@@ -183,7 +183,7 @@ def read_manifest(folder: Path, what: str = "--out") -> Manifest:
     files = _entries(doc)
     if files is None:
         raise _refuse(folder, what, "has a malformed 'files' table")
-    if doc.get("folder") != identity(folder):
+    if doc.get("folder") != identity(folder, follow_links=True):
         return Manifest(unproven=f"{MANIFEST} was written for another folder (copied or restored)")
     return Manifest(files)
 
@@ -192,7 +192,7 @@ def write_manifest(folder: Path, files: dict[str, tuple[Content, ...]]) -> None:
     """Write ``folder``'s manifest (atomically) listing ``files``, bound to the folder."""
     from umsearch import __version__
 
-    doc = {"schema": SCHEMA, "written_by": f"umsearch {__version__}", "folder": identity(folder),
+    doc = {"schema": SCHEMA, "written_by": f"umsearch {__version__}", "folder": identity(folder, follow_links=True),
            "files": {n: [c.to_json() for c in files[n]] for n in sorted(files)}}  # fmt: skip
     replace_atomically(folder / MANIFEST, (json.dumps(doc, indent=2) + "\n").encode())
 
