@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from umsearch.core.actions import KINDS
 from umsearch.core.jsonio import write_bytes_atomic, write_json
 
 TRACE_SCHEMA = "umsearch.trace/2"
@@ -125,10 +126,14 @@ def _stage_color(stage: int, stages: int) -> tuple[float, float, float]:
     return to_rgb(colormaps["turbo"](0.05 + 0.9 * stage / (stages - 1)))
 
 
+_LIGHTEN = {"F": 0.0, "B": 0.35, "I": 0.35, "W": 0.6}
+"""How much lighter than its stage's hue each kind's box is."""
+
+
 def _style(stage: int, kind: str, stages: int) -> dict[str, Any]:
     """Box style: the stage's hue; backward parts lighter, I hatched, W paler still and cross-hatched."""
     base = _stage_color(stage, stages)
-    lighten = {"F": 0.0, "B": 0.35, "I": 0.35, "W": 0.6}.get(kind, 0.0)
+    lighten = _LIGHTEN.get(kind, 0.0)
     color = tuple(c + (1 - c) * lighten for c in base)
     return {"facecolors": color, "hatch": {"I": "///", "W": "xx"}.get(kind), "edgecolors": "white", "linewidth": 0.5}
 
@@ -171,7 +176,7 @@ def _draw_gantt(ax: Any, records: Sequence[RecordLike], ranks: int, title: str, 
         if width > end / 60:  # stage, kind and microbatch (torch's notation) over the microbatch's size
             label = f"{a.stage}{a.kind}{a.mb}\n{a.size}" if width > end / 40 else f"{a.stage}{a.kind}{a.mb}"
             ax.text(a.start_ms + width / 2, a.rank + mid, label, ha="center", va="center", fontsize=6,
-                    color="black" if a.kind != "F" else "white", linespacing=0.9)  # fmt: skip
+                    color="black" if _LIGHTEN.get(a.kind, 0.0) else "white", linespacing=0.9)  # fmt: skip
     ax.set_yticks([r + mid for r in range(ranks)], [f"rank {r}" for r in range(ranks)])
     ax.set_ylim(ranks - 0.5, -0.5)
     ax.set_xlim(0, end * 1.01)
@@ -183,8 +188,8 @@ def _draw_gantt(ax: Any, records: Sequence[RecordLike], ranks: int, title: str, 
 
     shown = range(stages) if stages <= 16 else sorted({0, stages // 4, stages // 2, 3 * stages // 4, stages - 1})
     handles = [patch(s, "F", f"stage {s}") for s in shown]
-    handles += [patch(0, kind, f"{kind}: {_KIND_NAMES[kind]}") for kind in ("F", "B", "I", "W")
-                if any(a.kind == kind for a in records)]  # fmt: skip
+    ran = {a.kind for a in records}
+    handles += [patch(0, kind, f"{kind}: {_KIND_NAMES[kind]}") for kind in KINDS if kind in ran]
     if allreduces:
         handles.append(Patch(facecolor=_stage_color(0, stages), hatch="..", edgecolor="white",
                              label="all-reduce (lane under each rank)"))  # fmt: skip

@@ -1,12 +1,25 @@
 """The action IR: what a rank does, in torch.distributed.pipelining's own notation (MODEL.md section 3).
 
-The action owns its rules, and every pass (simulators, the order generator,
-dependencies, memory, runtime, export) reads them here: which stage its output
-feeds (:data:`FEEDS`), which stage it reads from (:data:`NEEDS`), what it does
-to its stage's activation memory (:data:`MEMORY`, MODEL.md section 5) and its
-integer code for compiled code (:func:`action_code`, named shifts). The tables
-are numpy constants and the code functions plain Python, so the compiled
-kernels (:mod:`umsearch.sim.kernels`) compile these very definitions.
+The action owns its rules, and every pass (the reference simulator, the
+compiled kernels, the order generator, dependencies, memory, plan checks,
+runtime, export) reads them here, never restates them:
+
+- which stage its output feeds (:data:`FEEDS`; a forward or a gradient, :func:`sends_gradient`) and
+  which it reads from (:data:`NEEDS`): :func:`consumer_stage`, :func:`source_stage`;
+- which list of its stage its microbatch indexes (:data:`FORWARD_LIST`, :func:`indexed_list`);
+- which layer boundary its message crosses, and the one it receives across
+  (:func:`sent_boundary`, :func:`received_boundary`);
+- whether it closes its stage's gradients of its microbatch (:data:`ENDS_BACKWARD`), is half of a
+  split backward (:data:`SPLIT`), runs the forward again on a recomputing stage
+  (:data:`RERUNS_FORWARD`, :func:`reruns_forward`);
+- what it does to its stage's activation memory (:data:`MEMORY`, MODEL.md section 5);
+- the order within a rank (:data:`FOLLOWS`, :data:`ALTERNATIVE`, :func:`rank_order_problem`);
+- its integer code for compiled code (:func:`action_code`, named shifts).
+
+The tables are tuples (numba freezes them as constants) or numpy constants,
+indexed by kind code, and the code functions plain Python, so the compiled
+kernels (:mod:`umsearch.sim.kernels`) compile these very definitions. A kind
+letter is compared nowhere else (a test holds the package to it).
 
 An action is written ``{stage}{kind}{microbatch}``: ``2F0`` is stage 2's
 forward of its microbatch 0, ``1B3`` a full backward, ``0I1`` / ``0W1`` the
@@ -21,9 +34,9 @@ tuples and cost no more to build than one.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -40,7 +53,24 @@ FEEDS = (1, -1, -1, 0)
 ``B`` or ``I`` sends its input gradient to j-1, a ``W`` sends nothing."""
 NEEDS = (-1, 1, 1, 0)
 """By kind code: the stage offset whose outputs it needs: a forward reads stage j-1's forwards, a
-``B``/``I`` stage j+1's gradients; a ``W`` needs only its own ``I`` (list order)."""
+``B``/``I`` stage j+1's gradients; a ``W`` needs only its own ``I`` (list order, :data:`FOLLOWS`)."""
+FORWARD_LIST = (1, 0, 0, 0)
+"""By kind code: 1 where its microbatch indexes its stage's forward list (``F``), 0 where the
+backward list (``B``, ``I``, ``W``)."""
+ENDS_BACKWARD = (0, 1, 0, 1)
+"""By kind code: 1 where it closes its stage's gradients of its microbatch (``B``, or the ``W`` of a
+split backward): a stage's gradients are complete once its last such action has run."""
+SPLIT = (0, 0, 1, 1)
+"""By kind code: 1 for the two halves of a split backward (``I``, ``W``)."""
+RERUNS_FORWARD = (0, 1, 1, 0)
+"""By kind code: 1 where a recomputing stage runs its forward again first (``B``, ``I``: the ones
+that need the activations MODEL.md 5 did not stash)."""
+FOLLOWS = (-1, F, F, I)
+"""By kind code: the kind code it comes after on its own rank (MODEL.md 3; -1: none): a ``B`` or
+``I`` after the forwards holding its samples, a ``W`` after its ``I``."""
+ALTERNATIVE = (-1, I, B, B)
+"""By kind code: the kind that may not run the same backward microbatch beside it (-1: none): a
+backward runs whole (``B``) or split (``I`` then ``W``), never both."""
 MEMORY = np.array([
     # adds (x stash, x input)  releases (x stash, x input)
     [[1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0], [0, 0, 1, 0]],  # F B I W, no recompute
@@ -81,6 +111,70 @@ def code_mb(code: int) -> int:
     return code >> MB_SHIFT
 
 
+# The functions below take a kind code and are compiled as they are (umsearch.sim.kernels). Each
+# reads its table at ``kind & KIND_MASK``: a kind is two bits, and saying so lets numba index the
+# tuple without a range check and its error path (measured: ~9% of the evaluator's instructions).
+
+
+def on_forward_list(kind: int) -> bool:
+    """Whether an action of kind code ``kind`` indexes its stage's forward list (:data:`FORWARD_LIST`)."""
+    return FORWARD_LIST[kind & KIND_MASK] != 0
+
+
+def sends_gradient(kind: int) -> bool:
+    """Whether kind code ``kind`` sends an input gradient (``B``, ``I``): it feeds a lower stage."""
+    return FEEDS[kind & KIND_MASK] < 0
+
+
+def ends_backward(kind: int) -> bool:
+    """Whether kind code ``kind`` closes its stage's gradients of its microbatch (:data:`ENDS_BACKWARD`)."""
+    return ENDS_BACKWARD[kind & KIND_MASK] != 0
+
+
+def consumer_stage(kind: int, stage: int, num_stages: int) -> int:
+    """The stage the output of ``stage``'s action of kind code ``kind`` goes to (:data:`FEEDS`), or -1:
+    the last stage's forwards, stage 0's gradients and every ``W`` send nothing."""
+    step = FEEDS[kind & KIND_MASK]
+    to = stage + step
+    return to if step != 0 and 0 <= to < num_stages else -1
+
+
+def source_stage(kind: int, stage: int, num_stages: int) -> int:
+    """The stage whose outputs ``stage``'s action of kind code ``kind`` needs (:data:`NEEDS`), or -1:
+    stage 0's forwards read the batch, the last stage's backwards its own loss, a ``W`` its own ``I``."""
+    step = NEEDS[kind & KIND_MASK]
+    frm = stage + step
+    return frm if step != 0 and 0 <= frm < num_stages else -1
+
+
+def sent_boundary(kind: int, lo: int, hi: int) -> int:
+    """The layer whose output (or whose output's gradient) the message of an action of kind code
+    ``kind`` on layers ``[lo, hi)`` carries: a forward's last layer ``hi - 1``, a gradient's
+    ``lo - 1`` (the layer before its stage; meaningless where it sends nothing)."""
+    return hi - 1 if FEEDS[kind & KIND_MASK] > 0 else lo - 1
+
+
+def received_boundary(kind: int, lo: int, hi: int) -> int:
+    """The layer whose output (or its gradient) an action of kind code ``kind`` on layers
+    ``[lo, hi)`` receives from its source stage: a forward ``lo - 1``, a ``B``/``I`` ``hi - 1``."""
+    return hi - 1 if NEEDS[kind & KIND_MASK] > 0 else lo - 1
+
+
+def reruns_forward(kind: int, recompute: bool) -> bool:
+    """Whether an action of kind code ``kind`` on a stage with this recompute flag runs the stage's
+    forward again first (:data:`RERUNS_FORWARD`): its time then adds a forward's (MODEL.md 4)."""
+    return recompute and RERUNS_FORWARD[kind & KIND_MASK] != 0
+
+
+Sizes = TypeVar("Sizes", bound=Sequence[int])
+"""A stage's forward or backward list (a tuple in a plan)."""
+
+
+def indexed_list(kind: int, forward: Sizes, backward: Sizes) -> Sizes:
+    """Of a stage's ``forward`` and ``backward`` lists, the one an action of kind code ``kind`` indexes."""
+    return forward if on_forward_list(kind) else backward
+
+
 def memory_effect(kind: int, recompute: bool, stash: float, inp: float) -> tuple[float, float]:
     """(bytes added before the peak is taken, bytes released after) by one action of kind code
     ``kind``; ``stash`` and ``inp`` are its stage's per-sample bytes times the microbatch size."""
@@ -88,6 +182,11 @@ def memory_effect(kind: int, recompute: bool, stash: float, inp: float) -> tuple
     return row[0] * stash + row[1] * inp, row[2] * stash + row[3] * inp
 
 _PATTERN = re.compile(r"\s*([0-9]+)\s*([FBIW])\s*([0-9]+)\s*", re.ASCII)  # ASCII digits only: "0F١" is no action
+
+
+Holders = Callable[[int, int], Iterable[int]]
+"""``holders(stage, mb)``: the forward microbatches of ``stage`` holding the samples of its backward
+microbatch ``mb`` (:func:`umsearch.core.samples.spans` of its lists; ``(mb,)`` where they are equal)."""
 
 
 class Action(NamedTuple):
@@ -104,9 +203,54 @@ class Action(NamedTuple):
         return f"{self.stage}{self.kind}{self.mb}"
 
     @property
+    def kind_code(self) -> int:
+        """Its kind's integer code (:data:`KIND_CODE`)."""
+        return KIND_CODE[self.kind]
+
+    @property
+    def is_forward(self) -> bool:
+        """Whether its microbatch indexes the stage's forward list (:data:`FORWARD_LIST`): an ``F``."""
+        return on_forward_list(KIND_CODE[self.kind])
+
+    @property
     def is_backward(self) -> bool:
         """``B``, ``I`` or ``W``: an action on the stage's backward list."""
-        return self.kind != "F"
+        return not self.is_forward
+
+    @property
+    def sends_gradient(self) -> bool:
+        """Whether it sends an input gradient (:func:`sends_gradient`): a ``B`` or ``I``."""
+        return sends_gradient(KIND_CODE[self.kind])
+
+    @property
+    def ends_backward(self) -> bool:
+        """Whether it closes its stage's gradients of its microbatch (:data:`ENDS_BACKWARD`): a ``B`` or ``W``."""
+        return ends_backward(KIND_CODE[self.kind])
+
+    @property
+    def is_split(self) -> bool:
+        """Whether it is half of a split backward (:data:`SPLIT`): an ``I`` or ``W``."""
+        return SPLIT[KIND_CODE[self.kind]] != 0
+
+    def reruns_forward(self, recompute: bool) -> bool:
+        """:func:`reruns_forward` of this action on a stage with this recompute flag."""
+        return reruns_forward(KIND_CODE[self.kind], recompute)
+
+    def sizes(self, forward: Sizes, backward: Sizes) -> Sizes:
+        """Of its stage's ``forward`` and ``backward`` lists, the one its microbatch indexes."""
+        return indexed_list(KIND_CODE[self.kind], forward, backward)
+
+    def size(self, forward: Sequence[int], backward: Sequence[int]) -> int:
+        """Its microbatch's samples, given its stage's ``forward`` and ``backward`` lists."""
+        return self.sizes(forward, backward)[self.mb]
+
+    def sent_boundary(self, lo: int, hi: int) -> int:
+        """:func:`sent_boundary` of this action on its stage's layers ``[lo, hi)``."""
+        return sent_boundary(KIND_CODE[self.kind], lo, hi)
+
+    def received_boundary(self, lo: int, hi: int) -> int:
+        """:func:`received_boundary` of this action on its stage's layers ``[lo, hi)``."""
+        return received_boundary(KIND_CODE[self.kind], lo, hi)
 
     @property
     def code(self) -> int:
@@ -119,22 +263,81 @@ class Action(NamedTuple):
         return cls(code_stage(code), KINDS[code_kind(code)], code_mb(code))
 
     def consumer(self, num_stages: int) -> int | None:
-        """The stage its output goes to (:data:`FEEDS`), or None: the last stage's forwards, stage
-        0's gradients and every ``W`` send nothing."""
-        step = int(FEEDS[KIND_CODE[self.kind]])
-        to = self.stage + step
-        return to if step and 0 <= to < num_stages else None
+        """The stage its output goes to (:func:`consumer_stage`), or None: the last stage's forwards,
+        stage 0's gradients and every ``W`` send nothing."""
+        to = consumer_stage(KIND_CODE[self.kind], self.stage, num_stages)
+        return to if to >= 0 else None
 
     def source(self, num_stages: int) -> int | None:
-        """The stage whose outputs it needs (:data:`NEEDS`), or None: stage 0's forwards read the
+        """The stage whose outputs it needs (:func:`source_stage`), or None: stage 0's forwards read the
         batch, the last stage's backwards its own loss, a ``W`` its own ``I``."""
-        step = int(NEEDS[KIND_CODE[self.kind]])
-        frm = self.stage + step
-        return frm if step and 0 <= frm < num_stages else None
+        frm = source_stage(KIND_CODE[self.kind], self.stage, num_stages)
+        return frm if frm >= 0 else None
+
+    def must_follow(self, holders: Holders) -> tuple[Action, ...]:
+        """The actions of its own rank that must run before it (:data:`FOLLOWS`, MODEL.md 3): a ``B``
+        or ``I``'s forwards holding its samples (``holders(stage, mb)``: their forward indices), a
+        ``W``'s ``I``; none for a forward."""
+        rule = _FOLLOWS[self.kind]
+        if rule is None:
+            return ()
+        before, via_holders = rule
+        mbs = holders(self.stage, self.mb) if via_holders else (self.mb,)
+        return tuple(Action(self.stage, before, m) for m in mbs)
+
+    def alternative(self) -> Action | None:
+        """The action that may not run beside it (:data:`ALTERNATIVE`): a ``B``'s ``I``, an ``I``'s or
+        ``W``'s ``B``; None for a forward."""
+        other = _ALTERNATIVE[self.kind]
+        return Action(self.stage, other, self.mb) if other is not None else None
 
     def memory(self, recompute: bool, stash: float, inp: float) -> tuple[float, float]:
         """:func:`memory_effect` of this action."""
         return memory_effect(KIND_CODE[self.kind], recompute, stash, inp)
+
+
+_FOLLOWS: dict[str, tuple[Kind, bool] | None] = {
+    k: None if FOLLOWS[c] < 0 else (KINDS[FOLLOWS[c]], FORWARD_LIST[FOLLOWS[c]] != FORWARD_LIST[c])
+    for c, k in enumerate(KINDS)
+}
+"""By kind: :data:`FOLLOWS` as (the kind it comes after, whether on the other list, so through
+``holders``), or None."""
+_ALTERNATIVE: dict[str, Kind | None] = {k: KINDS[ALTERNATIVE[c]] if ALTERNATIVE[c] >= 0 else None
+                                         for c, k in enumerate(KINDS)}  # fmt: skip
+"""By kind: :data:`ALTERNATIVE`'s kind, or None."""
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind in ("F", "I") else f"a {kind}"
+
+
+def rank_order_problem(actions: Sequence[Action], holders: Holders) -> tuple[int, str] | None:
+    """MODEL.md section 3's order within one rank's list: the first action that breaks it, as ``(its
+    position, why)``, or None. A backward microbatch runs whole or split, never both
+    (:meth:`Action.alternative`), and every action comes after what it must follow
+    (:meth:`Action.must_follow`; ``holders`` says which forwards hold a backward's samples). Whether
+    every action is listed, once and on the right rank, is the caller's question.
+
+    Linear in the list (plans hold up to 100,000 actions): actions are looked up as the plain tuples
+    they are."""
+    listed = set(actions)
+    done: set[tuple[int, str, int]] = set()
+    for pos, a in enumerate(actions):
+        stage, kind, mb = a
+        other = _ALTERNATIVE[kind]
+        if other is not None and (stage, other, mb) in listed:
+            x, y = sorted((a, Action(stage, other, mb)), key=lambda b: KIND_CODE[b.kind])
+            return pos, (f"microbatch {mb} of stage {stage} has both {_a(x.kind)} and {_a(y.kind)} ({x} and "
+                         f"{y}): a backward runs whole (B) or split (I then W)")  # fmt: skip
+        rule = _FOLLOWS[kind]
+        if rule is not None:
+            before, via_holders = rule
+            for m in holders(stage, mb) if via_holders else (mb,):
+                if (stage, before, m) not in done:
+                    why = ", which holds its samples" if via_holders else ""
+                    return pos, f"{a} comes before {Action(stage, before, m)}{why}"
+        done.add(a)
+    return None
 
 
 def parse_action(text: str) -> Action:
@@ -180,6 +383,11 @@ class ActionRecord:
     """End time."""
 
     @property
+    def action(self) -> Action:
+        """The action that ran."""
+        return Action(self.stage, self.kind, self.mb)
+
+    @property
     def label(self) -> str:
         """``2F0``: the action's own notation."""
-        return f"{self.stage}{self.kind}{self.mb}"
+        return str(self.action)

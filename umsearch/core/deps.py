@@ -3,7 +3,8 @@
 An action waits for two things: its rank's previous action, and its inputs.
 A forward of stage ``j`` needs the forwards of stage ``j-1`` holding its
 samples; a ``B``/``I`` of stage ``j`` needs the ``B``/``I`` of stage ``j+1``
-holding its samples; a ``W`` needs its own ``I``, earlier on the same rank.
+holding its samples; a ``W`` needs its own ``I``, earlier on the same rank
+(the rules are :mod:`umsearch.core.actions`' ``NEEDS`` and ``FOLLOWS``).
 Whether a plan deadlocks depends on these edges and the rank orders alone,
 never on durations: :func:`find_deadlock` answers it without a cost model.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from umsearch.core.actions import Action
+from umsearch.core.actions import Action, B, F, Kind, indexed_list, source_stage
 from umsearch.core.plan import Plan
 from umsearch.core.samples import spans
 
@@ -24,38 +25,50 @@ class Dependencies:
 
     plan: Plan
 
+    def _sources(self, kind: int) -> tuple[tuple[range, ...], ...]:
+        """``[j][k]``: the microbatches of the stage that stage j's actions of kind code ``kind`` read
+        (:func:`source_stage`) holding the samples of its microbatch k, on the list they index."""
+        st, n = self.plan.stages, self.plan.num_stages
+        out: list[tuple[range, ...]] = []
+        for j in range(n):
+            src = source_stage(kind, j, n)
+            if src < 0:
+                out.append(())
+                continue
+            theirs = indexed_list(kind, st[src].forward, st[src].backward)
+            out.append(tuple(spans(theirs, indexed_list(kind, st[j].forward, st[j].backward))))
+        return tuple(out)
+
     @cached_property
     def forward_sources(self) -> tuple[tuple[range, ...], ...]:
         """``[j][k]``: stage ``j-1``'s forward microbatches holding the samples of ``jFk`` (empty for j=0)."""
-        st = self.plan.stages
-        return tuple(() if j == 0 else tuple(spans(st[j - 1].forward, st[j].forward)) for j in range(len(st)))
+        return self._sources(F)
 
     @cached_property
     def gradient_sources(self) -> tuple[tuple[range, ...], ...]:
         """``[j][k]``: stage ``j+1``'s backward microbatches holding the samples of ``jBk``/``jIk``
         (empty for the last stage, whose loss is part of its own forward)."""
-        st = self.plan.stages
-        n = len(st)
-        return tuple(() if j == n - 1 else tuple(spans(st[j + 1].backward, st[j].backward)) for j in range(n))
+        return self._sources(B)
 
     @cached_property
-    def gradient_kind(self) -> tuple[dict[int, str], ...]:
+    def gradient_kind(self) -> tuple[dict[int, Kind], ...]:
         """``[j][k]``: ``"B"`` or ``"I"``, whichever action of stage j's backward k sends its gradient."""
-        out: list[dict[int, str]] = [{} for _ in self.plan.stages]
+        out: list[dict[int, Kind]] = [{} for _ in self.plan.stages]
         for acts in self.plan.actions:
             for a in acts:
-                if a.kind in ("B", "I"):
+                if a.sends_gradient:
                     out[a.stage][a.mb] = a.kind
         return tuple(out)
 
     def producers(self, a: Action) -> list[Action]:
-        """The actions on earlier stages whose outputs ``a`` needs (its own rank's order aside)."""
+        """The actions on earlier stages whose outputs ``a`` needs (its own rank's order aside): a
+        forward its source's forwards, a ``B``/``I`` whichever of its source's actions sent the gradient."""
         src = a.source(self.plan.num_stages)
         if src is None:
             return []
-        if a.kind == "F":
-            return [Action(src, "F", i) for i in self.forward_sources[a.stage][a.mb]]
-        return [Action(src, self.gradient_kind[src][i], i) for i in self.gradient_sources[a.stage][a.mb]]  # type: ignore[arg-type]
+        if a.is_forward:
+            return [Action(src, a.kind, i) for i in self.forward_sources[a.stage][a.mb]]
+        return [Action(src, self.gradient_kind[src][i], i) for i in self.gradient_sources[a.stage][a.mb]]
 
 
 def find_deadlock(plan: Plan) -> tuple[str, ...]:

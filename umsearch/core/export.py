@@ -32,7 +32,7 @@ import csv
 import io
 from collections.abc import Sequence
 
-from umsearch.core.actions import Action, parse_action
+from umsearch.core.actions import Action, parse_action, rank_order_problem
 
 
 def _refusal(actions: Sequence[Sequence[Action]]) -> str | None:
@@ -51,14 +51,12 @@ def _refusal(actions: Sequence[Sequence[Action]]) -> str | None:
             done = seen.setdefault((a.stage, a.kind), set())
             if a.mb in done:
                 return f"{where}: {a} appears twice"
-            if a.kind in ("B", "I") and a.mb not in seen.get((a.stage, "F"), set()):
-                return f"{where}: {a} comes before {a.stage}F{a.mb}"
-            if a.kind == "W" and a.mb not in seen.get((a.stage, "I"), set()):
-                return f"{where}: {a} comes before {a.stage}I{a.mb}"
-            other = {"B": "I", "I": "B"}.get(a.kind)
-            if other is not None and a.mb in seen.get((a.stage, other), set()):
-                return f"{where}: microbatch {a.mb} of stage {a.stage} has both a B and an I"
             done.add(a.mb)
+        # torch runs equal microbatches: a backward's samples are its forward's of the same index.
+        problem = rank_order_problem(row, lambda j, k: (k,))
+        if problem is not None:
+            pos, why = problem
+            return f"rank {r}, action {pos} ({row[pos]}): {why}"
     stages = sorted(owner)
     if stages != list(range(len(stages))):
         missing = sorted(set(range(stages[-1] + 1)) - set(stages))

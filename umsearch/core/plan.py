@@ -117,7 +117,7 @@ class Plan:
         split = [False] * self.num_stages
         for acts in self.actions:
             for a in acts:
-                if a.kind == "I":
+                if a.is_split:
                     split[a.stage] = True
         return tuple(split)
 

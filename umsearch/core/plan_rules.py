@@ -7,7 +7,7 @@ never deadlocks (those are :mod:`umsearch.core.deps`'s).
 
 from __future__ import annotations
 
-from umsearch.core.actions import Action
+from umsearch.core.actions import Action, rank_order_problem
 from umsearch.core.cluster import LAYOUTS
 from umsearch.core.errors import PlanError
 from umsearch.core.fields import integer
@@ -77,7 +77,8 @@ def _check_stages(plan: Plan) -> None:
 
 
 def _check_rank_actions(plan: Plan, r: int) -> None:
-    """MODEL.md section 3 for rank ``r``: the right actions, each once, I before W, B/I after their forwards."""
+    """MODEL.md section 3 for rank ``r``: the right actions, each once, then the order within the rank
+    (:func:`~umsearch.core.actions.rank_order_problem`: I before W, B/I after their forwards)."""
     where: dict[Action, int] = {}
     for pos, a in enumerate(plan.actions[r]):
         if not 0 <= a.stage < plan.num_stages:
@@ -85,31 +86,28 @@ def _check_rank_actions(plan: Plan, r: int) -> None:
         st = plan.stages[a.stage]
         if st.rank != r:
             raise PlanError(f"rank {r} lists {a} but stage {a.stage} is on rank {st.rank}")
-        count = len(st.forward) if a.kind == "F" else len(st.backward)
+        count = len(a.sizes(st.forward, st.backward))
         if a.mb >= count:
-            which = "forward" if a.kind == "F" else "backward"
+            which = "forward" if a.is_forward else "backward"
             raise PlanError(f"rank {r} lists {a} but stage {a.stage} has {count} {which} microbatches (0..{count - 1})")
         if a in where:
             raise PlanError(f"rank {r} lists {a} twice")
         where[a] = pos
+    holders: dict[int, list[range]] = {}
     for j in plan.stages_of(r):
         st = plan.stages[j]
         for k in range(len(st.forward)):
             if Action(j, "F", k) not in where:
                 raise PlanError(f"rank {r} never runs {Action(j, 'F', k)}: every forward microbatch runs once")
-        for k, held_by in enumerate(spans(st.forward, st.backward)):
+        for k in range(len(st.backward)):
             b, i, w = Action(j, "B", k), Action(j, "I", k), Action(j, "W", k)
-            if b in where and (i in where or w in where):
-                raise PlanError(f"rank {r} lists both {b} and {i if i in where else w}: a backward runs whole or split")
             if b not in where and (i not in where or w not in where):
                 missing = b if i not in where and w not in where else (w if i in where else i)
                 raise PlanError(f"rank {r} never runs {missing}: each backward runs as B, or as I then W")
-            first = b if b in where else i
-            if w in where and where[w] < where[i]:
-                raise PlanError(f"rank {r}: {w} comes before {i}")
-            for f in held_by:
-                if where[Action(j, "F", f)] > where[first]:
-                    raise PlanError(f"rank {r}: {first} comes before {Action(j, 'F', f)}, which holds its samples")
+        holders[j] = spans(st.forward, st.backward)
+    problem = rank_order_problem(plan.actions[r], lambda j, k: holders[j][k])
+    if problem is not None:
+        raise PlanError(f"rank {r}: {problem[1]}")
 
 
 def _check_replicas(plan: Plan) -> None:

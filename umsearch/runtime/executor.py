@@ -239,9 +239,8 @@ class StageExecutor:
         split: dict[int, list[bool]] = {j: [False] * len(self.plan.stages[j].backward) for j in self.mine}
         order: dict[int, list[int]] = {j: [] for j in self.mine}
         for a in self.actions:
-            if a.kind == "I":
-                split[a.stage][a.mb] = True
-            if a.kind in ("B", "I"):
+            if a.sends_gradient:  # a B or an I runs the backward; an I splits it
+                split[a.stage][a.mb] = a.is_split
                 order[a.stage].append(a.mb)
         S = self.plan.num_stages
         return {
@@ -255,7 +254,7 @@ class StageExecutor:
     def _last_gradient_actions(self) -> dict[int, int]:
         """Position in this rank's list -> the stage whose gradients are complete once it has run: the
         stage's last ``B`` or ``W`` (a split backward ends with its ``W``)."""
-        last = {a.stage: pos for pos, a in enumerate(self.actions) if a.kind in ("B", "W")}
+        last = {a.stage: pos for pos, a in enumerate(self.actions) if a.ends_backward}
         return {pos: j for j, pos in last.items()}
 
     def _make_channels(self) -> None:
@@ -263,30 +262,28 @@ class StageExecutor:
         fwd_order: dict[int, list[int]] = {j: [] for j in self.mine}
         bwd_order: dict[int, list[int]] = {j: [] for j in self.mine}
         for a in self.actions:
-            if a.kind == "F":
+            if a.is_forward:
                 fwd_order[a.stage].append(a.mb)
-            elif a.kind in ("B", "I"):
+            elif a.sends_gradient:
                 bwd_order[a.stage].append(a.mb)
         for j in self.mine:
-            if j > 0:
-                parts = all_overlaps(st[j - 1].forward, st[j].forward)
-                self.acts[j] = _Channel(stage=j, gradient=False, sender=j - 1, sender_rank=st[j - 1].rank,
-                                        local=st[j - 1].rank == self.rank, parts=parts,
-                                        release=releases(parts, fwd_order[j], len(st[j - 1].forward)),
-                                        sizes=st[j - 1].forward)  # fmt: skip
-            if j < S - 1:
-                parts = all_overlaps(st[j + 1].backward, st[j].backward)
-                self.grads[j] = _Channel(stage=j, gradient=True, sender=j + 1, sender_rank=st[j + 1].rank,
-                                         local=st[j + 1].rank == self.rank, parts=parts,
-                                         release=releases(parts, bwd_order[j], len(st[j + 1].backward)),
-                                         sizes=st[j + 1].backward)  # fmt: skip
+            # A forward reads its source stage's outputs, a B/I its source's gradients (Action.source).
+            for reader, channels, order in ((Action(j, "F", 0), self.acts, fwd_order),
+                                            (Action(j, "B", 0), self.grads, bwd_order)):  # fmt: skip
+                src = reader.source(S)
+                if src is None:
+                    continue
+                theirs = reader.sizes(st[src].forward, st[src].backward)
+                parts = all_overlaps(theirs, reader.sizes(st[j].forward, st[j].backward))
+                channels[j] = _Channel(stage=j, gradient=not reader.is_forward, sender=src,
+                                       sender_rank=st[src].rank, local=st[src].rank == self.rank, parts=parts,
+                                       release=releases(parts, order[j], len(theirs)), sizes=theirs)  # fmt: skip
 
     def _input_channel(self, a: Action) -> _Channel | None:
-        if a.kind == "F":
-            return self.acts.get(a.stage)
-        if a.kind in ("B", "I"):
-            return self.grads.get(a.stage)
-        return None
+        """Where ``a``'s input comes from: None where it reads no other stage (Action.source)."""
+        if a.source(self.plan.num_stages) is None:
+            return None
+        return (self.acts if a.is_forward else self.grads)[a.stage]
 
     def _make_links(self) -> dict[int, _Link]:
         """Every other rank's messages to this rank in its send order, and how far ahead to post them."""
@@ -297,12 +294,10 @@ class StageExecutor:
                 continue
             link = _Link(src=src)
             for a in acts:
-                if a.kind == "F" and a.stage + 1 < S and st[a.stage + 1].rank == self.rank:
-                    ch = self.acts[a.stage + 1]
-                elif a.kind in ("B", "I") and a.stage > 0 and st[a.stage - 1].rank == self.rank:
-                    ch = self.grads[a.stage - 1]
-                else:
+                to = a.consumer(S)
+                if to is None or st[to].rank != self.rank:
                     continue
+                ch = (self.acts if a.is_forward else self.grads)[to]
                 ch.seq[a.mb] = len(link.order)
                 link.order.append((ch, a.mb))
             if link.order:
@@ -373,9 +368,11 @@ class StageExecutor:
             ch.buffers.pop(m, None)
         return out
 
-    def _deliver(self, stage: int, gradient: bool, mb: int, t: torch.Tensor) -> None:
-        """Hand stage ``stage``'s output (or input gradient) of microbatch ``mb`` to its neighbour."""
-        to = stage - 1 if gradient else stage + 1
+    def _deliver(self, a: Action, t: torch.Tensor) -> None:
+        """Hand ``a``'s output (or input gradient) to the stage it feeds (Action.consumer)."""
+        to = a.consumer(self.plan.num_stages)
+        assert to is not None
+        stage, gradient, mb = a.stage, not a.is_forward, a.mb
         ch = (self.grads if gradient else self.acts).get(to)
         if ch is not None and ch.local:
             ch.buffers[mb] = t
@@ -395,31 +392,33 @@ class StageExecutor:
         out_shape: dict[int, SampleShape] = {}
         sent: list[tuple[Handle, torch.Tensor, str]] = []
         for j in self.mine:
-            if j == 0:
+            fwd = Action(j, "F", 0)  # its forwards read the source's outputs and feed the consumer
+            src, dst = fwd.source(S), fwd.consumer(S)
+            if src is None:
                 assert inputs is not None
                 in_shape, sample = of_tensor(inputs, "the inputs"), inputs[:1]
             else:
-                if st[j - 1].rank == self.rank:
-                    in_shape = out_shape[j - 1]
+                if st[src].rank == self.rank:
+                    in_shape = out_shape[src]
                 else:
                     header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.device)
-                    src = st[j - 1].rank
-                    self._wait(self._comm().irecv(src, header, tag(j - 1, False, -1, S)),
-                               f"the shape header of stage {j - 1} from rank {src}")  # fmt: skip
+                    peer = st[src].rank
+                    self._wait(self._comm().irecv(peer, header, tag(src, False, -1, S)),
+                               f"the shape header of stage {src} from rank {peer}")  # fmt: skip
                     in_shape = decode(header)
                 sample = in_shape.empty(1, self.device).zero_()
                 self.acts[j].shape = in_shape
             self.in_shapes[j] = in_shape
-            if j < S - 1:
-                where = f"the output of stage {j} (layer {st[j].hi - 1})"
+            if dst is not None:
+                where = f"the output of stage {j} (layer {fwd.sent_boundary(st[j].lo, st[j].hi)})"
                 with self.precision.autocast(self.device):  # the dtype the stage really sends
                     out_shape[j] = probe(self.stages[j].module, sample, where)
-                self.grads[j].shape = out_shape[j]
-                if st[j + 1].rank != self.rank:
+                self.grads[j].shape = out_shape[j]  # the gradient it gets back is its output's
+                if st[dst].rank != self.rank:
                     header = encode(out_shape[j]).to(self.device)
-                    dst = st[j + 1].rank
-                    sent.append((self._comm().isend(dst, header, tag(j, False, -1, S)), header,
-                                 f"rank {dst} to take the shape header of stage {j}"))  # fmt: skip
+                    peer = st[dst].rank
+                    sent.append((self._comm().isend(peer, header, tag(j, False, -1, S)), header,
+                                 f"rank {peer} to take the shape header of stage {j}"))  # fmt: skip
         for handle, _, what in sent:
             self._wait(handle, what)
         self.shapes_known = True
@@ -497,7 +496,7 @@ class StageExecutor:
         """Run action ``a`` (at ``pos`` in the list); its start and end stamps."""
         stage = self.stages[a.stage]
         ch = self._input_channel(a)
-        if a.kind == "F":
+        if a.is_forward:
             if ch is None:
                 assert x_all is not None
                 x = x_all.narrow(0, stage.cf[a.mb], stage.stage.forward[a.mb])
@@ -507,16 +506,16 @@ class StageExecutor:
             self._post_ahead(pos + 1)
             out = stage.forward(a.mb, x)
             if out is not None:
-                self._deliver(a.stage, False, a.mb, out)
-        elif a.kind in ("B", "I"):
+                self._deliver(a, out)
+        elif a.sends_gradient:
             grad = self._take(ch, a) if ch is not None else None
             start = self.clock.stamp()
             self._post_ahead(pos + 1)
-            g = stage.backward(a.mb, grad, split=a.kind == "I")
-            if a.stage > 0:
+            g = stage.backward(a.mb, grad, split=a.is_split)
+            if a.consumer(self.plan.num_stages) is not None:
                 if g is None:
                     g = self.in_shapes[a.stage].empty(stage.stage.backward[a.mb], self.device).zero_()
-                self._deliver(a.stage, True, a.mb, g)
+                self._deliver(a, g)
         else:
             start = self.clock.stamp()
             self._post_ahead(pos + 1)
@@ -527,7 +526,7 @@ class StageExecutor:
         times = self.clock.elapsed_ms()
         records = tuple(
             ActionRecord(rank=self.rank, stage=a.stage, kind=a.kind, mb=a.mb,
-                         size=(self.plan.stages[a.stage].forward if a.kind == "F" else self.plan.stages[a.stage].backward)[a.mb],
+                         size=a.size(self.plan.stages[a.stage].forward, self.plan.stages[a.stage].backward),
                          start_ms=times[s], end_ms=times[e])
             for a, (s, e) in zip(self.actions, stamps, strict=True)
         )  # fmt: skip

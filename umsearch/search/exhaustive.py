@@ -83,19 +83,15 @@ class _Search:
         self.room = [memory_limit - cost.state_factor * sum(cost.param_bytes(plan.stages[j].lo, plan.stages[j].hi)
                                                             for j in plan.stages_of(r)) for r in range(plan.ranks)]  # fmt: skip
         self.delta = {a: self._delta(a) for r in acts for a in r}
-        self.own: dict[Action, list[Action]] = {}  # what must precede an action in its own list
-        for j, st in enumerate(plan.stages):
-            for k, held in enumerate(spans(st.forward, st.backward)):
-                fw = [Action(j, "F", f) for f in held]
-                self.own[Action(j, "B", k)] = self.own[Action(j, "I", k)] = fw
-                self.own[Action(j, "W", k)] = [Action(j, "I", k)]
+        held = [spans(st.forward, st.backward) for st in plan.stages]
+        # What must precede an action in its own list (MODEL.md 3).
+        self.own = {a: a.must_follow(lambda j, k: held[j][k]) for r in acts for a in r}
 
     def _delta(self, a: Action) -> tuple[float, float]:
         """(added before the peak, released after) by ``a``: MODEL.md section 5."""
         st, c = self.plan.stages[a.stage], self.cost
-        n = st.forward[a.mb] if a.kind == "F" else st.backward[a.mb]
-        stash = c.stash_bytes(st.lo, st.hi) * n  # no recompute in these structures: inputs never count
-        return {"F": (stash, 0.0), "B": (0.0, stash), "I": (0.0, 0.0), "W": (0.0, stash)}[a.kind]
+        n = a.size(st.forward, st.backward)
+        return a.memory(st.recompute, c.stash_bytes(st.lo, st.hi) * n, c.input_bytes_of(st.lo) * n)
 
     def run(self) -> tuple[float, tuple[tuple[Action, ...], ...] | None]:
         R = self.plan.ranks

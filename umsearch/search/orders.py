@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, prange
 
-from umsearch.core.actions import F, I, W
+from umsearch.core.actions import B, F, I, W
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
 from umsearch.sim import kernels
@@ -57,6 +57,9 @@ F_NEXT, B_NEXT, W_NEXT, FORWARDED, BACKWARDED, FORCE = range(6)
 """``ints[row, j]``, per local stage j: its next forward, backward and ``W`` index; samples forwarded
 and back-propagated; 1 while its next forward may pass the caps (a relaxation)."""
 STAGE_ROWS = 6
+NEXT_ROW = (F_NEXT, B_NEXT, B_NEXT, W_NEXT)
+"""By kind code, the row of ``ints`` counting the stage's actions of that kind run so far (a ``B``
+and an ``I`` both run the stage's next backward)."""
 WRITTEN, PENDING_W, WAITING, LOCAL = range(4)
 """``rint[row, r]``, per rank r: actions written; ``I`` whose ``W`` waits; 1 while it waits for a
 delivery; where its local stages start in ``local`` (``LOCAL`` has R + 1 entries)."""
@@ -225,28 +228,30 @@ def _generate_all(  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _backward_at(g, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base):  # type: ignore[no-untyped-def]
-    """When stage g's next backward can start: its inputs' arrival, -1 while they are not all sent,
-    -2 if it is no candidate (none left, or its forwards have not all run)."""
+def _backward_at(g, kind, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base):  # type: ignore[no-untyped-def]
+    """When stage g's next backward (as kind code ``kind``, B or I) can start: its inputs' arrival, -1
+    while they are not all sent, -2 if it is no candidate (none left, or its forwards have not all run)."""
     k = ints[B_NEXT, g]
     if k >= bwd_ptr[s0 + g + 1] - bwd_ptr[s0 + g] or ints[FORWARDED, g] < ints[BACKWARDED, g] + bwd[bwd_ptr[s0 + g] + k]:
         return -2.0
-    if g == S - 1:
+    p = kernels.source_stage(kind, g, S)
+    if p < 0:
         return 0.0
     slot = n_f + bwd_ptr[s0 + g] - b_base + k
-    return kernels.ready_at(deliv, n_f + bwd_ptr[s0 + g + 1] - b_base, dep_lo[slot], dep_hi[slot])
+    return kernels.ready_at(deliv, n_f + bwd_ptr[s0 + p] - b_base, dep_lo[slot], dep_hi[slot])
 
 
 @njit(cache=True)
-def _forward_at(g, s0, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base):  # type: ignore[no-untyped-def]
+def _forward_at(g, s0, S, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base):  # type: ignore[no-untyped-def]
     """When stage g's next forward can start (as :func:`_backward_at`; caps not applied)."""
     k = ints[F_NEXT, g]
     if k >= fwd_ptr[s0 + g + 1] - fwd_ptr[s0 + g]:
         return -2.0
-    if g == 0:
+    p = kernels.source_stage(F, g, S)
+    if p < 0:
         return 0.0
     slot = fwd_ptr[s0 + g] - f_base + k
-    return kernels.ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
+    return kernels.ready_at(deliv, fwd_ptr[s0 + p] - f_base, dep_lo[slot], dep_hi[slot])
 
 
 @njit(cache=True)
@@ -271,7 +276,7 @@ def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr
     for i in range(first, last):
         held += ints[FORWARDED, local[i]] - ints[BACKWARDED, local[i]]
     if rint[PENDING_W, r] >= w_cap and rint[PENDING_W, r] > 0:  # too many weight gradients wait
-        return _pending_w(first, last, local, ints, split, s0), 3, now
+        return _pending_w(first, last, local, ints, split, s0), W, now
     n = last - first
     # Policies 0/1 sweep backwards then forwards, 3/4 forwards then backwards, 2 both per stage.
     sweeps = 1 if policy == 2 else 2
@@ -283,23 +288,24 @@ def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr
             i = first + step if shallow_first else last - 1 - step
             g = local[i]
             if backward:
-                d = _backward_at(g, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base)
+                kind = I if split[s0 + g] else B
+                d = _backward_at(g, kind, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base)
                 if 0.0 <= d <= now:
-                    return g, 2 if split[s0 + g] else 1, now
+                    return g, kind, now
                 if d > now:
                     wake = min(wake, d)
             if forward:
-                d = _forward_at(g, s0, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base)
+                d = _forward_at(g, s0, S, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base)
                 if d > now:
                     wake = min(wake, d)
                 elif d >= 0.0:
                     size = fwd[fwd_ptr[s0 + g] + ints[F_NEXT, g]]
                     if ints[FORCE, g] or held == 0 or (ints[FORWARDED, g] - ints[BACKWARDED, g] < cap[s0 + g] and held < rank_cap
                                                    and level + stash_in[g] * size <= budget):  # fmt: skip
-                        return g, 0, now
+                        return g, F, now
     g = _pending_w(first, last, local, ints, split, s0)  # weight gradients fill the gap
     if g >= 0:
-        return g, 3, now
+        return g, W, now
     return -1, -1, wake
 
 
@@ -327,7 +333,7 @@ def _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param
     link[:R, :R, 0] = 0.0
     for g in range(S):
         gg = s0 + g
-        stash_in[g] = kernels.memory_step(0, recompute[gg], 1, lo[gg], hi[gg], input_bytes, out_bytes, stash_prefix)[0]
+        stash_in[g] = kernels.memory_step(F, recompute[gg], 1, lo[gg], hi[gg], input_bytes, out_bytes, stash_prefix)[0]
         ints[:, g] = 0
 
 
@@ -373,26 +379,21 @@ def _generate_one(  # type: ignore[no-untyped-def]
         # Run the chosen action: the timing of MODEL.md section 4, as in the evaluator.
         gg = s0 + g
         # Inline on purpose: a shared kernel taking these arrays costs ~20% of the loop (ARCHITECTURE.md).
-        if kind == 0:
-            k = ints[F_NEXT, g]
+        k = ints[NEXT_ROW[kind], g]
+        p = kernels.source_stage(kind, g, S)  # the stage it reads from (-1: none), its producers on the same list
+        pg = s0 + p if p >= 0 else gg
+        if kernels.on_forward_list(kind):
             size = fwd[fwd_ptr[gg] + k]
             slot = fwd_ptr[gg] - f_base + k
-            producers = fwd_ptr[gg - 1] - f_base if g > 0 else -1
-            cross = g > 0 and rank[gg - 1] != rank[gg]
-            sizes, size_base, edge = fwd, fwd_ptr[gg - 1], lo[gg] - 1
-        elif kind == 3:
-            k = ints[W_NEXT, g]
-            size = bwd[bwd_ptr[gg] + k]
-            slot = producers = -1
-            cross = False
-            sizes, size_base, edge = bwd, 0, 0
+            producers = fwd_ptr[pg] - f_base if p >= 0 else -1
+            sizes, size_base = fwd, fwd_ptr[pg]
         else:
-            k = ints[B_NEXT, g]
             size = bwd[bwd_ptr[gg] + k]
             slot = n_f + bwd_ptr[gg] - b_base + k
-            producers = n_f + bwd_ptr[gg + 1] - b_base if g < S - 1 else -1
-            cross = producers >= 0 and rank[gg + 1] != rank[gg]
-            sizes, size_base, edge = bwd, bwd_ptr[gg + 1], hi[gg] - 1
+            producers = n_f + bwd_ptr[pg] - b_base if p >= 0 else -1
+            sizes, size_base = bwd, bwd_ptr[pg]
+        cross = rank[pg] != rank[gg]
+        edge = kernels.received_boundary(kind, lo[gg], hi[gg])
         start = rflt[LAST_END, r]
         need = 0.0
         if producers >= 0:
@@ -439,16 +440,15 @@ def _next_rank(rint, rflt, act_ptr, r0, R):  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def _advance(ints, rint, g, r, kind, size):  # type: ignore[no-untyped-def]
-    """The counters after rank r ran a ``kind`` of local stage g on ``size`` samples."""
+    """The counters after rank r ran a ``kind`` of local stage g on ``size`` samples (the generator's
+    own bookkeeping of the kinds it chose, see :data:`NEXT_ROW`)."""
+    ints[NEXT_ROW[kind], g] += 1
     if kind == F:
-        ints[F_NEXT, g] += 1
         ints[FORWARDED, g] += size
         ints[FORCE, g] = 0
     elif kind == W:
-        ints[W_NEXT, g] += 1
         rint[PENDING_W, r] -= 1
     else:
-        ints[B_NEXT, g] += 1
         ints[BACKWARDED, g] += size
         if kind == I:
             rint[PENDING_W, r] += 1
@@ -469,9 +469,10 @@ def _relax(s0, S, R, rint, rflt, local, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_
             if k >= fwd_ptr[s0 + g + 1] - fwd_ptr[s0 + g]:
                 continue
             d = 0.0
-            if g > 0:
+            p = kernels.source_stage(F, g, S)
+            if p >= 0:
                 slot = fwd_ptr[s0 + g] - f_base + k
-                d = kernels.ready_at(deliv, fwd_ptr[s0 + g - 1] - f_base, dep_lo[slot], dep_hi[slot])
+                d = kernels.ready_at(deliv, fwd_ptr[s0 + p] - f_base, dep_lo[slot], dep_hi[slot])
             if d >= 0.0 and max(d, rflt[LAST_END, r]) < best_t:
                 best_t, best_r, best_g = max(d, rflt[LAST_END, r]), r, g
     if best_r >= 0:

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, prange
 
-from umsearch.core.actions import MAX_STAGES, Action, B, W
+from umsearch.core.actions import MAX_STAGES, Action
 from umsearch.core.cluster import DEFAULT_LAYOUT, Cluster, copies_span_nodes, device, ms_per_byte
 from umsearch.core.cost import CostTables
 from umsearch.core.errors import PlanError
@@ -45,12 +45,16 @@ from umsearch.sim.kernels import (
     code_kind,
     code_mb,
     code_stage,
+    ends_backward,
     finish,
     first_missing,
     link_producers,
     memory_step,
     needed_ms,
+    on_forward_list,
     ready_at,
+    received_boundary,
+    source_stage,
 )
 
 IntArray = npt.NDArray[np.int64]
@@ -486,18 +490,20 @@ def _one(  # type: ignore[no-untyped-def]
             start = clock[r]
             need = 0.0
             # Inline on purpose: a shared kernel taking these arrays costs ~20% of the loop (ARCHITECTURE.md).
-            if kind == 0:
+            p = source_stage(kind, j, S)  # the stage it reads from (-1: none), its producers on the same list
+            pg = s0 + p if p >= 0 else g
+            if on_forward_list(kind):
                 size = fwd[fwd_ptr[g] + k]
                 slot = fwd_ptr[g] - f_base + k
-                producers = fwd_ptr[g - 1] - f_base if j > 0 else -1
-                cross = j > 0 and rank[g - 1] != rank[g]
-                sizes, size_base, edge = fwd, fwd_ptr[g - 1], l_lo - 1
+                producers = fwd_ptr[pg] - f_base if p >= 0 else -1
+                sizes, size_base = fwd, fwd_ptr[pg]
             else:
                 size = bwd[bwd_ptr[g] + k]
                 slot = n_f + bwd_ptr[g] - b_base + k
-                producers = n_f + bwd_ptr[g + 1] - b_base if kind != 3 and j < S - 1 else -1
-                cross = producers >= 0 and rank[g + 1] != rank[g]
-                sizes, size_base, edge = bwd, bwd_ptr[g + 1], l_hi - 1
+                producers = n_f + bwd_ptr[pg] - b_base if p >= 0 else -1
+                sizes, size_base = bwd, bwd_ptr[pg]
+            cross = rank[pg] != rank[g]
+            edge = received_boundary(kind, l_lo, l_hi)
             if producers >= 0:
                 d = ready_at(deliv, producers, dep_lo[slot], dep_hi[slot])
                 if d < 0.0:  # wait on the first producer that has not run; it resumes this rank
@@ -509,7 +515,7 @@ def _one(  # type: ignore[no-untyped-def]
                                      msg_per_byte)  # fmt: skip
             end, to, arrival = finish(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
                                          link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
-            if kind == B or kind == W:  # the stage's latest backward end so far (its rank runs in order)
+            if ends_backward(kind):  # the stage's latest backward end so far (its rank runs in order)
                 deliv[n_slots + j] = end
             if to >= 0:
                 deliv[slot] = arrival

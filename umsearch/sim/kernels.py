@@ -8,14 +8,15 @@ generator (:mod:`umsearch.search.orders`) both time actions, ship messages and
 track memory; they do it through these functions, so the rules exist once in
 compiled form (the reference simulator is their plain-Python twin, and tests
 hold them equal). Kinds are 0 ``F``, 1 ``B``, 2 ``I``, 3 ``W``; what each kind
-feeds and does to memory, and how an action is coded, are compiled from
-:mod:`umsearch.core.actions` itself, never restated here.
+feeds and needs, the boundary its message crosses, whether it reruns the forward,
+what it does to memory and how an action is coded are compiled from
+:mod:`umsearch.core.actions` itself (its tables and functions), never restated here.
 """
 
 from __future__ import annotations
 
 from umsearch.core import actions
-from umsearch.core.actions import FEEDS
+from umsearch.core.actions import B, F
 from umsearch.sim.jit import njit
 
 action_code = njit(cache=True)(actions.action_code)
@@ -23,6 +24,13 @@ code_kind = njit(cache=True)(actions.code_kind)
 code_stage = njit(cache=True)(actions.code_stage)
 code_mb = njit(cache=True)(actions.code_mb)
 memory_delta = njit(cache=True)(actions.memory_effect)
+on_forward_list = njit(cache=True)(actions.on_forward_list)
+ends_backward = njit(cache=True)(actions.ends_backward)
+consumer_stage = njit(cache=True)(actions.consumer_stage)
+source_stage = njit(cache=True)(actions.source_stage)
+sent_boundary = njit(cache=True)(actions.sent_boundary)
+received_boundary = njit(cache=True)(actions.received_boundary)
+reruns_forward = njit(cache=True)(actions.reruns_forward)
 
 
 @njit(cache=True)
@@ -31,8 +39,8 @@ def compute_ms(kind, size, lo, hi, rec, scale, times):  # type: ignore[no-untype
     :attr:`umsearch.core.cost.CostTables.times`), plus the forward again when a recomputing stage
     runs B or I, all times the stage's ``scale`` (:func:`umsearch.core.cost.stage_scales`)."""
     t = times[kind, size, hi] - times[kind, size, lo]
-    if rec and (kind == 1 or kind == 2):
-        t += times[0, size, hi] - times[0, size, lo]
+    if reruns_forward(kind, rec):
+        t += times[F, size, hi] - times[F, size, lo]
     return t * scale
 
 
@@ -84,16 +92,23 @@ def link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi):  # type:
     """For the candidate of stages ``s0..s1-1``, fill ``dep_lo``/``dep_hi`` of every slot (forward k
     of stage g is slot ``fwd_ptr[g] - fwd_ptr[s0] + k``, backward k slot ``n_f + bwd_ptr[g] -
     bwd_ptr[s0] + k``, ``n_f`` its forward count) with the producer microbatches it reads: a forward
-    stage g-1's forwards, a backward stage g+1's backwards (MODEL.md 4)."""
+    its source stage's forwards, a backward (``B`` or ``I``, which read alike) its source stage's
+    backwards (:func:`umsearch.core.actions.source_stage`, MODEL.md 4)."""
     f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
     n_f = fwd_ptr[s1] - f_base
-    for g in range(s0, s1):
-        if g > s0:
+    S = s1 - s0
+    for j in range(S):
+        g = s0 + j
+        p = source_stage(F, j, S)
+        if p >= 0:
             o = fwd_ptr[g] - f_base
-            spans(fwd, fwd_ptr[g - 1], fwd_ptr[g], fwd, fwd_ptr[g], fwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
-        if g < s1 - 1:
+            p += s0
+            spans(fwd, fwd_ptr[p], fwd_ptr[p + 1], fwd, fwd_ptr[g], fwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
+        p = source_stage(B, j, S)
+        if p >= 0:
             o = n_f + bwd_ptr[g] - b_base
-            spans(bwd, bwd_ptr[g + 1], bwd_ptr[g + 2], bwd, bwd_ptr[g], bwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
+            p += s0
+            spans(bwd, bwd_ptr[p], bwd_ptr[p + 1], bwd, bwd_ptr[g], bwd_ptr[g + 1], dep_lo[o:], dep_hi[o:])
 
 
 @njit(cache=True)
@@ -128,10 +143,11 @@ def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, scale, need_ms, rank,
     byte)`` of the directed link from rank r to q (its own per pair on a cluster, MODEL.md 9); a
     cross-rank message takes it after its previous message (the arrival is updated here)."""
     dur = compute_ms(kind, size, l_lo, l_hi, rec, scale, times)
-    step = FEEDS[kind]
-    to = g + step if step != 0 and 0 <= j + step < S else -1
+    to = consumer_stage(kind, j, S)
+    if to >= 0:
+        to += g - j
     sends = to >= 0 and rank[to] != rank[g]
-    edge = l_hi - 1 if kind == 0 else l_lo - 1
+    edge = sent_boundary(kind, l_lo, l_hi)
     sent_ms = message_ms(1, size, out_bytes[edge], msg_oh, msg_per_byte) if sends else 0.0
     end = start + dur + op_oh + need_ms + sent_ms
     arrival = end

@@ -21,7 +21,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from umsearch.core.actions import Action, ActionRecord
+from umsearch.core.actions import KINDS, Action, ActionRecord, F
 from umsearch.core.cluster import allreduce_ms, copies_span_nodes, ms_per_byte, replica_nodes
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import Dependencies, find_deadlock
@@ -41,7 +41,7 @@ class ActionTiming:
 
     def size(self, a: Action) -> int:
         st = self.plan.stages[a.stage]
-        return st.forward[a.mb] if a.kind == "F" else st.backward[a.mb]
+        return a.size(st.forward, st.backward)
 
     def consumer(self, a: Action) -> int | None:
         """The stage that receives ``a``'s output (:meth:`Action.consumer`)."""
@@ -55,15 +55,14 @@ class ActionTiming:
         runtime's overheads (MODEL.md 4 and 2.1)."""
         st, c, n = self.plan.stages[a.stage], self.cost, self.size(a)
         t = c.time_ms(_QUANTITY[a.kind], st.lo, st.hi, n)
-        if st.recompute and a.kind in ("B", "I"):
-            t += c.time_ms("fwd", st.lo, st.hi, n)
+        if a.reruns_forward(st.recompute):
+            t += c.time_ms(_QUANTITY[KINDS[F]], st.lo, st.hi, n)
         return t * c.stage_scale(st.lo, st.hi)
 
     def boundary(self, a: Action) -> int:
-        """The layer whose output ``a``'s message carries: a forward's last layer, a gradient's
-        stage's first layer minus one."""
+        """The layer whose output ``a``'s message carries (:meth:`Action.sent_boundary`)."""
         st = self.plan.stages[a.stage]
-        return st.hi - 1 if a.kind == "F" else st.lo - 1
+        return a.sent_boundary(st.lo, st.hi)
 
     def messages(self, a: Action) -> list[tuple[int, int]]:
         """The cross-rank messages charged to ``a``, as ``(boundary layer, samples)``: the one it sends,
@@ -82,7 +81,7 @@ class ActionTiming:
         return self.base_ms(a) + self.cost.op_overhead_ms + self.message_ms(a)
 
     def transfer(self, a: Action) -> float:
-        """Link time of ``a``'s message: a forward crosses after layer hi-1, a gradient after lo-1."""
+        """Link time of ``a``'s message, across :meth:`boundary`."""
         return self.cost.transfer_ms(self.boundary(a), self.size(a))
 
 
@@ -100,7 +99,7 @@ def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:
     level = peak = 0.0
     for a in plan.actions[r]:
         st = plan.stages[a.stage]
-        n = st.forward[a.mb] if a.kind == "F" else st.backward[a.mb]
+        n = a.size(st.forward, st.backward)
         add, release = a.memory(st.recompute, cost.stash_bytes(st.lo, st.hi) * n, cost.input_bytes_of(st.lo) * n)
         level += add
         peak = max(peak, level)
@@ -207,7 +206,7 @@ def _allreduces(plan: Plan, cost: CostModel, timelines: list[_Timeline]) -> tupl
     ready = [0.0] * plan.num_stages
     for tl in timelines:
         for a in tl.records:
-            if a.kind in ("B", "W"):
+            if a.action.ends_backward:
                 ready[a.stage] = max(ready[a.stage], a.end_ms)
     free = [0.0] * plan.ranks
     spans: dict[int, AllReduceSpan] = {}
