@@ -7,7 +7,7 @@
    (:func:`umsearch.orchestrate.calibration.calibrate`);
 2. search 2 ranks x :data:`BATCH` (stages per rank 1-2, I/W split allowed)
    on the calibrated profile; the search also gives every peer schedule of
-   MODEL.md 6.2 at its best microbatch count and partition, and the local
+   docs/model.md 6.2 at its best microbatch count and partition, and the local
    greedy plan; the calibration's probe plans join them (2 to 16 microbatches);
 3. run all of them with umsearch's runtime in one set of processes,
    :data:`ROUNDS` rounds, the order rotated every round

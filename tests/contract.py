@@ -1,4 +1,4 @@
-"""MODEL.md section 8 as data: the reference profiles and plans every simulator must reproduce exactly."""
+"""docs/model.md section 8 as data: the reference profiles and plans every simulator must reproduce exactly."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def unit_profile(layers: int, *, split: bool = True, op_overhead_ms: float = 0.0
 
 def explicit_plan(batch: int, placement: Sequence[int], lists: Sequence[Sequence[int]],
                   actions: Sequence[str], layers_per_stage: int = 1) -> Plan:  # fmt: skip
-    """A plan with one list per stage (forward = backward) and rank lists in MODEL.md notation."""
+    """A plan with one list per stage (forward = backward) and rank lists in docs/model.md notation."""
     n = layers_per_stage
     stages = tuple(Stage(layers=(j * n, (j + 1) * n), rank=r, forward=tuple(lists[j]), backward=tuple(lists[j]))
                    for j, r in enumerate(placement))  # fmt: skip

@@ -63,7 +63,7 @@ def profiles(draw: st.DrawFn, min_layers: int = 2, max_layers: int = 6, split: b
 
 @st.composite
 def v21_terms(draw: st.DrawFn, num_layers: int) -> dict[str, Any]:
-    """MODEL.md 2.1's optional terms, each present or not: per-MiB message cost, a stage scale curve
+    """docs/model.md (version 2.1)'s optional terms, each present or not: per-MiB message cost, a stage scale curve
     and measured ranges (some of which random plans will hit exactly)."""
     out: dict[str, Any] = {}
     if draw(st.booleans()):
@@ -109,7 +109,7 @@ def placements(draw: st.DrawFn, ranks: int, stages: int) -> tuple[int, ...]:
 
 def random_orders(stages: Sequence[Stage], ranks: int, split: Sequence[Sequence[bool]], rng: random.Random,
                   causal: bool) -> tuple[tuple[Action, ...], ...]:  # fmt: skip
-    """Random valid action lists (MODEL.md section 3).
+    """Random valid action lists (docs/model.md section 3).
 
     ``causal``: the lists are a random global order that respects every input
     across stages too, projected onto the ranks, so the plan cannot deadlock;
@@ -186,7 +186,7 @@ def clusters(draw: st.DrawFn) -> Cluster:
 
 @st.composite
 def dp_plans(draw: st.DrawFn, num_layers: int, max_replicas: int = 4, max_batch: int = 8, max_ranks: int = 4) -> Plan:
-    """Random plans of MODEL.md section 9: :func:`plans` run by 1 to ``max_replicas`` replicas, with
+    """Random plans of docs/model.md section 9: :func:`plans` run by 1 to ``max_replicas`` replicas, with
     or without a cluster, either layout, with or without zero1 (deadlocking ones included)."""
     import dataclasses
 

@@ -1,4 +1,4 @@
-"""``simulate`` and ``show`` on a plan with data-parallel replicas (MODEL.md section 9, example 8)."""
+"""``simulate`` and ``show`` on a plan with data-parallel replicas (docs/model.md section 9, example 8)."""
 
 from __future__ import annotations
 

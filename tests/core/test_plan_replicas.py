@@ -1,4 +1,4 @@
-"""MODEL.md section 9's plan fields: read, written and refused with one line naming the value and the fix."""
+"""docs/model.md section 9's plan fields: read, written and refused with one line naming the value and the fix."""
 
 from __future__ import annotations
 

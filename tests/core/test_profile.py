@@ -1,4 +1,4 @@
-"""Profile loading of MODEL.md 2.1's runtime terms and of the link: they round-trip, and every bad value is
+"""Profile loading of docs/model.md (version 2.1)'s runtime terms and of the link: they round-trip, and every bad value is
 one line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The schedule generators of MODEL.md section 6: closed forms, the section 8 examples, section 3's rules.
+"""The schedule generators of docs/model.md section 6: closed forms, the section 8 examples, section 3's rules.
 
 Equality with torch.distributed.pipelining's own orders is checked in
 ``test_schedules_torch.py``; everything here is pure Python.
@@ -38,7 +38,7 @@ RankLists = Sequence[Sequence[Action]]
 
 
 def check_section3(actions: RankLists, stage_ranks: Sequence[int], microbatches: int) -> None:
-    """MODEL.md section 3 for equal microbatches (forward k holds exactly backward k's samples).
+    """docs/model.md section 3 for equal microbatches (forward k holds exactly backward k's samples).
 
     Every rank lists only its own stages; every stage: each forward once,
     each backward as B alone or as I then W, each once, B/I after the
@@ -71,7 +71,7 @@ def check_section3(actions: RankLists, stage_ranks: Sequence[int], microbatches:
 
 
 def deadlocks(actions: RankLists, num_stages: int) -> bool:
-    """Whether the rank lists deadlock under MODEL.md section 4's dependencies (times ignored).
+    """Whether the rank lists deadlock under docs/model.md section 4's dependencies (times ignored).
 
     ``jFk`` needs ``(j-1)Fk``; ``jBk``/``jIk`` need ``(j+1)Bk`` or ``(j+1)Ik`` (the
     last stage's only its forward, which list order already guarantees);
@@ -106,7 +106,7 @@ def lists(text: str) -> tuple[tuple[Action, ...], ...]:
 
 
 # ---------------------------------------------------------------------------
-# MODEL.md section 8's rank lists
+# docs/model.md section 8's rank lists
 # ---------------------------------------------------------------------------
 
 
@@ -153,7 +153,7 @@ def test_gpipe_closed_form(ranks: int, microbatches: int) -> None:
         for r in range(ranks)
     )
     assert gpipe(ranks, microbatches) == expected
-    # MODEL.md 6.1: GPipe is the warmup rule with warmup = len(forward).
+    # docs/model.md 6.1: GPipe is the warmup rule with warmup = len(forward).
     assert expected == tuple(warmup_rule(r, [1] * m, [1] * m, m) for r in range(ranks))
 
 
@@ -172,7 +172,7 @@ def test_1f1b_closed_form(ranks: int, microbatches: int) -> None:
                 row.append(Action(r, "F", k + w))
         expected.append(tuple(row))
     assert one_f_one_b(ranks, microbatches) == tuple(expected)
-    # MODEL.md 6.1: 1F1B is the warmup rule with warmup = R - j.
+    # docs/model.md 6.1: 1F1B is the warmup rule with warmup = R - j.
     assert tuple(expected) == tuple(
         warmup_rule(r, [1] * m, [1] * m, ranks - r) for r in range(ranks)
     )
@@ -230,7 +230,7 @@ def test_placement() -> None:
     assert placement("loop", 3, 1) == (0, 1, 2)
     assert placement("vshape", 2, 2) == (0, 1, 1, 0)
     for ranks in range(1, 6):
-        # MODEL.md section 2: stage j on rank j for j < R, else 2R-1-j.
+        # docs/model.md section 2: stage j on rank j for j < R, else 2R-1-j.
         assert placement("vshape", ranks, 2) == tuple(
             j if j < ranks else 2 * ranks - 1 - j for j in range(2 * ranks)
         )
@@ -331,14 +331,14 @@ def test_accepted_microbatch_counts() -> None:
 
 
 # ---------------------------------------------------------------------------
-# The warmup rule (MODEL.md 6.1)
+# The warmup rule (docs/model.md 6.1)
 # ---------------------------------------------------------------------------
 
 
 def naive_warmup_rule(
     stage: int, forward: Sequence[int], backward: Sequence[int], warmup: int
 ) -> list[Action]:
-    """MODEL.md 6.1 spelled out literally: need(k) by search, forwards up to the max."""
+    """docs/model.md 6.1 spelled out literally: need(k) by search, forwards up to the max."""
     cf = [0, *accumulate(forward)]
     cb = [0, *accumulate(backward)]
     out: list[Action] = []
@@ -389,7 +389,7 @@ def test_warmup_rule_matches_its_definition(
 
 
 def test_warmup_rule_unequal_example() -> None:
-    # MODEL.md example 2's stage 0: forward [1, 3, 4], backward [2, 6], warmup 1:
+    # docs/model.md example 2's stage 0: forward [1, 3, 4], backward [2, 6], warmup 1:
     # B0 needs samples 0..1, so two forwards; B1 needs all 8.
     assert format_actions(warmup_rule(0, [1, 3, 4], [2, 6], 1)) == "0F0 0F1 0B0 0F2 0B1"
     # Its stage 1: forward [4, 4], backward [8], warmup 2.

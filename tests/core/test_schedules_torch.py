@@ -1,4 +1,4 @@
-"""umsearch's peer schedules against torch.distributed.pipelining's own (MODEL.md 6.2).
+"""umsearch's peer schedules against torch.distributed.pipelining's own (docs/model.md 6.2).
 
 No process group is needed: torch's schedule constructors only read a few
 attributes of their stage objects (``num_stages``, ``group_size``,

@@ -69,7 +69,7 @@ def reference_grads(model: TinyModel, batch: int, batch_seed: int) -> dict[str, 
 
 
 Spec = tuple[tuple[int, int], Sequence[int], Sequence[int] | None, int]
-"""``(layers, forward, backward or None, warmup)``: one stage on its own rank (MODEL.md 6.1)."""
+"""``(layers, forward, backward or None, warmup)``: one stage on its own rank (docs/model.md 6.1)."""
 
 
 def plan_of(batch: int, *specs: Spec) -> Plan:

@@ -46,7 +46,7 @@ def two_rank_plan(batch: int = 8) -> Plan:
 
 def _plan(tmp: Path, *, profile: str | None = None, deadlock: bool = False, **meta: Any) -> Path:
     plan = two_rank_plan()
-    if deadlock:  # MODEL.md 8.2's partitions on the same layers
+    if deadlock:  # docs/model.md 8.2's partitions on the same layers
         bad = warmup_plan(8, [([1, 3, 4], [2, 6], 1, True), ([4, 4], [8], 2, True)])
         plan = replace(bad, stages=tuple(replace(b, layers=s.layers) for b, s in zip(bad.stages, plan.stages, strict=True)))
     meta.setdefault("model", MLP)

@@ -1,4 +1,4 @@
-"""Data-parallel plans (MODEL.md section 9) on the runtime: R x D processes, every replica on its own
+"""Data-parallel plans (docs/model.md section 9) on the runtime: R x D processes, every replica on its own
 samples, each stage's gradients all-reduced across its copies once its last ``B``/``W`` has ended;
 after one iteration every parameter's gradient (on every replica) equals the single-process
 full-batch gradient. Also: where the processes sit, the printed multi-node command, zero1 refused."""

@@ -166,7 +166,7 @@ def test_the_time_limit_counts_from_when_the_ranks_started() -> None:
 
 
 def test_link_timeout_stops_a_deadlocked_run() -> None:
-    """Forced past the checks, MODEL.md's deadlocking plan fails after --timeout, naming a rank."""
+    """Forced past the checks, docs/model.md's deadlocking plan fails after --timeout, naming a rank."""
     cfg = RunConfig(steps=1, check=False, launch=LaunchConfig(timeout_s=3))
     t0 = time.monotonic()
     with pytest.raises(RankFailure, match=r"^rank [01]"):

@@ -124,7 +124,7 @@ def test_several_stages_per_rank_match_full_batch(name: str) -> None:
      ("Interleaved1F1B", 3, 2, 6)],
 )  # fmt: skip
 def test_torch_schedules_match_full_batch(name: str, ranks: int, v: int, microbatches: int) -> None:
-    """Plans in torch.distributed.pipelining's own orders (as generated for MODEL.md 6.2)."""
+    """Plans in torch.distributed.pipelining's own orders (as generated for docs/model.md 6.2)."""
     layers = ranks * v
     _check(peer_plan(name, ranks, v, microbatches, batch=12, layers=layers), layers=layers)
 

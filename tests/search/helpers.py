@@ -77,6 +77,6 @@ def assert_obeys(g: Genome, rules: Rules) -> None:
 
 
 def assert_plan_obeys(plan: Plan, rules: Rules) -> None:
-    """A generated plan is MODEL.md-valid and within the space."""
+    """A generated plan is docs/model.md-valid and within the space."""
     validate_plan(plan, rules.num_layers)
     assert plan.ranks == rules.ranks and plan.global_batch == rules.batch

@@ -97,7 +97,7 @@ def test_balanced_cuts_matches_brute_force(weights: list[float], stages: int) ->
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_stage_cuts_is_the_exact_scaled_bottleneck(data: st.DataObject) -> None:
-    """With MODEL.md 2.1's stage scale and ranges, the DP's bottleneck equals brute force's."""
+    """With docs/model.md (version 2.1)'s stage scale and ranges, the DP's bottleneck equals brute force's."""
     import dataclasses
 
     from tests.strategies import v21_terms

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("layout,total,hidden", [("dp_inner", 6.0, 1.98), ("pp_inner", 44.0, 4.0)])
 def test_hidden_allreduce_is_the_part_overlapping_computation(layout: str, total: float, hidden: float) -> None:
-    """MODEL.md 8.8: dp_inner's all-reduces run 15.02-18.02 (rank 0 computes from 16.04) and 20.04-23.04
+    """docs/model.md 8.8: dp_inner's all-reduces run 15.02-18.02 (rank 0 computes from 16.04) and 20.04-23.04
     (after every action): 6 ms, 1.98 ms of it hidden."""
     sim = simulate(example8(layout), CostModel(example8_profile()))
     assert allreduce_overlap(sim) == (pytest.approx(total), pytest.approx(hidden))

@@ -59,7 +59,7 @@ def test_matches_reference(data: st.DataObject) -> None:
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_matches_reference_with_replicas(data: st.DataObject) -> None:
-    """MODEL.md section 9: replicas, clusters of any node width, both layouts, zero1, and plans
+    """docs/model.md section 9: replicas, clusters of any node width, both layouts, zero1, and plans
     without replicas in the same population."""
     profile = data.draw(profiles(split=True))
     population = data.draw(st.lists(dp_plans(profile.num_layers), min_size=1, max_size=4))

@@ -1,4 +1,4 @@
-"""MODEL.md section 8, exactly, for both simulators (the reference and the compiled evaluator)."""
+"""docs/model.md section 8, exactly, for both simulators (the reference and the compiled evaluator)."""
 
 from __future__ import annotations
 

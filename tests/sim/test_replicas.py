@@ -1,4 +1,4 @@
-"""MODEL.md section 9 beyond example 8: replicas whose links differ, worked by hand, for both simulators."""
+"""docs/model.md section 9 beyond example 8: replicas whose links differ, worked by hand, for both simulators."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def print_report(report: dict[str, Any]) -> None:
 def calibrate_command(profile_path: str, model: str | None, model_args: tuple[str, ...], trust_model_code: bool,
                       rounds: int, ranks: int, batch: int, threads: int, scales: str, out: str | None,
                       as_json: bool) -> None:  # fmt: skip
-    """Run a few probe plans for real and fit the runtime's own costs into PROFILE.json (MODEL.md 7)."""
+    """Run a few probe plans for real and fit the runtime's own costs into PROFILE.json (docs/model.md 7)."""
     from umsearch.orchestrate.calibration import calibrate
     from umsearch.runtime.factory import spec_factory
 

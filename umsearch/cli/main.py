@@ -99,7 +99,7 @@ def simulate_command(plan_path: str, profile_path: str | None, state_factor: flo
     if as_json:
         click.echo(json.dumps({
             "iteration_ms": res.iteration_ms,
-            # MODEL.md 9: the last action of any replica, and the last all-reduce (null with one replica).
+            # docs/model.md 9: the last action of any replica, and the last all-reduce (null with one replica).
             "compute_end_ms": res.compute_end_ms, "allreduce_end_ms": res.allreduce_end_ms,
             "peak_memory_bytes": None if res.peak_memory_bytes is None else list(res.peak_memory_bytes),
             "busy_ms": None if res.busy_ms is None else list(res.busy_ms),

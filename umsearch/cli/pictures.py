@@ -2,7 +2,7 @@
 
 Predicted timelines (from the simulator) and measured ones (from the runtime)
 go through the same functions, so they can be compared side by side. A plan
-with data-parallel replicas (MODEL.md section 9) is drawn as its slowest
+with data-parallel replicas (docs/model.md section 9) is drawn as its slowest
 replica, each rank's gradient all-reduces in a thin lane under its actions.
 """
 
@@ -64,7 +64,7 @@ ALLREDUCE_TID = 1000
 def chrome_trace_events(records: Iterable[RecordLike], *, source: str = "predicted",
                         allreduces: Sequence[SpanLike] = ()) -> list[dict[str, Any]]:  # fmt: skip
     """Complete ('X') events, one row (tid) per rank, named like torch's actions (``2F0``), times in us;
-    with ``allreduces`` (a data-parallel plan, MODEL.md 9) each rank's all-reduces in a row of their own."""
+    with ``allreduces`` (a data-parallel plan, docs/model.md 9) each rank's all-reduces in a row of their own."""
     events: list[dict[str, Any]] = []
     ranks: set[int] = set()
     for a in records:

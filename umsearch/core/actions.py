@@ -1,4 +1,4 @@
-"""The action IR: what a rank does, in torch.distributed.pipelining's own notation (MODEL.md section 3).
+"""The action IR: what a rank does, in torch.distributed.pipelining's own notation (docs/model.md section 3).
 
 The action owns its rules, and every pass (the reference simulator, the
 compiled kernels, the order generator, dependencies, memory, plan checks,
@@ -12,7 +12,7 @@ runtime, export) reads them here, never restates them:
 - whether it closes its stage's gradients of its microbatch (:data:`ENDS_BACKWARD`), is half of a
   split backward (:data:`SPLIT`), runs the forward again on a recomputing stage
   (:data:`RERUNS_FORWARD`, :func:`reruns_forward`);
-- what it does to its stage's activation memory (:data:`MEMORY`, MODEL.md section 5);
+- what it does to its stage's activation memory (:data:`MEMORY`, docs/model.md section 5);
 - the order within a rank (:data:`FOLLOWS`, :data:`ALTERNATIVE`, :func:`rank_order_problem`);
 - its integer code for compiled code (:func:`action_code`, named shifts).
 
@@ -49,7 +49,7 @@ F, B, I, W = range(4)  # noqa: E741 - the contract's own letters
 """Kind codes by name, for compiled code."""
 
 FEEDS = (1, -1, -1, 0)
-"""By kind code: the stage offset its output goes to (MODEL.md 4): a forward feeds stage j+1, a
+"""By kind code: the stage offset its output goes to (docs/model.md 4): a forward feeds stage j+1, a
 ``B`` or ``I`` sends its input gradient to j-1, a ``W`` sends nothing."""
 NEEDS = (-1, 1, 1, 0)
 """By kind code: the stage offset whose outputs it needs: a forward reads stage j-1's forwards, a
@@ -64,9 +64,9 @@ SPLIT = (0, 0, 1, 1)
 """By kind code: 1 for the two halves of a split backward (``I``, ``W``)."""
 RERUNS_FORWARD = (0, 1, 1, 0)
 """By kind code: 1 where a recomputing stage runs its forward again first (``B``, ``I``: the ones
-that need the activations MODEL.md 5 did not stash)."""
+that need the activations docs/model.md 5 did not stash)."""
 FOLLOWS = (-1, F, F, I)
-"""By kind code: the kind code it comes after on its own rank (MODEL.md 3; -1: none): a ``B`` or
+"""By kind code: the kind code it comes after on its own rank (docs/model.md 3; -1: none): a ``B`` or
 ``I`` after the forwards holding its samples, a ``W`` after its ``I``."""
 ALTERNATIVE = (-1, I, B, B)
 """By kind code: the kind that may not run the same backward microbatch beside it (-1: none): a
@@ -76,7 +76,7 @@ MEMORY = np.array([
     [[1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0], [0, 0, 1, 0]],  # F B I W, no recompute
     [[0, 1, 0, 0], [1, 0, 1, 1], [1, 0, 0, 1], [0, 0, 1, 0]],  # F B I W, recompute
 ], dtype=np.float64)  # fmt: skip
-"""MODEL.md section 5's table: ``MEMORY[recompute, kind]`` are the coefficients of (stash, input)
+"""docs/model.md section 5's table: ``MEMORY[recompute, kind]`` are the coefficients of (stash, input)
 bytes of its microbatch that an action adds before the peak is taken, then of those it releases."""
 
 KIND_BITS = 2
@@ -162,7 +162,7 @@ def received_boundary(kind: int, lo: int, hi: int) -> int:
 
 def reruns_forward(kind: int, recompute: bool) -> bool:
     """Whether an action of kind code ``kind`` on a stage with this recompute flag runs the stage's
-    forward again first (:data:`RERUNS_FORWARD`): its time then adds a forward's (MODEL.md 4)."""
+    forward again first (:data:`RERUNS_FORWARD`): its time then adds a forward's (docs/model.md 4)."""
     return recompute and RERUNS_FORWARD[kind & KIND_MASK] != 0
 
 
@@ -275,7 +275,7 @@ class Action(NamedTuple):
         return frm if frm >= 0 else None
 
     def must_follow(self, holders: Holders) -> tuple[Action, ...]:
-        """The actions of its own rank that must run before it (:data:`FOLLOWS`, MODEL.md 3): a ``B``
+        """The actions of its own rank that must run before it (:data:`FOLLOWS`, docs/model.md 3): a ``B``
         or ``I``'s forwards holding its samples (``holders(stage, mb)``: their forward indices), a
         ``W``'s ``I``; none for a forward."""
         rule = _FOLLOWS[self.kind]
@@ -312,7 +312,7 @@ def _a(kind: str) -> str:
 
 
 def rank_order_problem(actions: Sequence[Action], holders: Holders) -> tuple[int, str] | None:
-    """MODEL.md section 3's order within one rank's list: the first action that breaks it, as ``(its
+    """docs/model.md section 3's order within one rank's list: the first action that breaks it, as ``(its
     position, why)``, or None. A backward microbatch runs whole or split, never both
     (:meth:`Action.alternative`), and every action comes after what it must follow
     (:meth:`Action.must_follow`; ``holders`` says which forwards hold a backward's samples). Whether
@@ -353,7 +353,7 @@ def parse_action(text: str) -> Action:
 
 
 def format_actions(actions: Iterable[Action]) -> str:
-    """Space-separated notation, as MODEL.md section 8 writes rank lists."""
+    """Space-separated notation, as docs/model.md section 8 writes rank lists."""
     return " ".join(str(a) for a in actions)
 
 

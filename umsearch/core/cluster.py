@@ -1,4 +1,4 @@
-"""Data-parallel replicas on a two-tier cluster (MODEL.md section 9): where each device sits, which
+"""Data-parallel replicas on a two-tier cluster (docs/model.md section 9): where each device sits, which
 link a message or a stage's all-reduce uses, and what the ring all-reduce costs.
 
 A plan with ``data_parallel = D`` runs as ``D`` replicas of its ``R``-rank pipeline on ``R * D``
@@ -19,7 +19,7 @@ from umsearch.core.profile import Link, link_from_json
 LAYOUTS = ("dp_inner", "pp_inner")
 """``dp_inner`` (the default): a stage's copies sit side by side; ``pp_inner``: a replica's ranks do."""
 DEFAULT_LAYOUT = "dp_inner"
-_SEE = "MODEL.md section 9"
+_SEE = "docs/model.md section 9"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""The cost model: stage times, transfer times and memory terms of MODEL.md sections 1, 4 and 5.
+"""The cost model: stage times, transfer times and memory terms of docs/model.md sections 1, 4 and 5.
 
 One rule turns measured layer times into the time at any size
 (:func:`interpolate_times`: linear between measured sizes, the line through
@@ -36,7 +36,7 @@ def interpolate_times(sizes: Sequence[int], times: FloatArray, b: npt.ArrayLike)
     """Per-layer times at the sizes ``b``: ``times`` is (layers, len(sizes)), the result (len(b), layers).
 
     Between measured sizes: linear interpolation. Above the largest: the line
-    through the last two measured points, floored at 0 (MODEL.md section 1).
+    through the last two measured points, floored at 0 (docs/model.md section 1).
     Size 0 costs nothing.
     """
     s = np.asarray(sizes, dtype=np.float64)
@@ -52,7 +52,7 @@ def interpolate_times(sizes: Sequence[int], times: FloatArray, b: npt.ArrayLike)
 
 
 def stage_scales(runtime: RuntimeCosts, lo: npt.ArrayLike, hi: npt.ArrayLike) -> FloatArray:
-    """MODEL.md 2.1: the factor on the layer times of each stage ``[lo, hi)`` (elementwise).
+    """docs/model.md (version 2.1): the factor on the layer times of each stage ``[lo, hi)`` (elementwise).
 
     A measured ``runtime.ranges`` entry for exactly ``[lo, hi)`` wins; else ``runtime.stage_scale``
     at k = hi - lo layers, linear between its points and constant beyond the ends; else 1. The one
@@ -170,7 +170,7 @@ class CostModel:
 
     def message_charge_ms(self, boundary_layer: int, samples: int) -> float:
         """What one cross-rank message of ``samples`` outputs of ``boundary_layer`` costs the compute
-        timeline of its sender, and again of each action that needs it (MODEL.md 4 and 2.1)."""
+        timeline of its sender, and again of each action that needs it (docs/model.md 4 and 2.1)."""
         return self.message_overhead_ms + self.message_overhead_ms_per_byte * samples * float(
             self.out_bytes[boundary_layer])
 

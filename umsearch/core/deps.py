@@ -1,4 +1,4 @@
-"""Which actions feed which (MODEL.md section 4), and whether a plan deadlocks.
+"""Which actions feed which (docs/model.md section 4), and whether a plan deadlocks.
 
 An action waits for two things: its rank's previous action, and its inputs.
 A forward of stage ``j`` needs the forwards of stage ``j-1`` holding its

@@ -12,11 +12,11 @@ class UmsearchError(Exception):
 
 
 class ProfileError(UmsearchError):
-    """A profile JSON is malformed or violates MODEL.md section 1."""
+    """A profile JSON is malformed or violates docs/model.md section 1."""
 
 
 class PlanError(UmsearchError):
-    """A plan JSON is malformed or violates MODEL.md section 2."""
+    """A plan JSON is malformed or violates docs/model.md section 2."""
 
 
 class SearchSpaceError(UmsearchError):

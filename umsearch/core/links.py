@@ -30,7 +30,7 @@ as GB/s); 1e-300 would make a 1 MB message take 1e297 ms."""
 MAX_BANDWIDTH_GB_PER_S = 1e9
 """Fastest link a user may state: 1e9 GB/s. No interconnect comes near it (NVLink 4: 450 GB/s per
 direction; a GPU's own HBM3e: about 5,000 GB/s), but a link this fast is how a profile says that
-transfers cost nothing (MODEL.md 8.7's example), and a fast link only shrinks times. 1e300 is a
+transfers cost nothing (docs/model.md 8.7's example), and a fast link only shrinks times. 1e300 is a
 unit mistake."""
 MAX_LATENCY_MS = 1e4
 """Longest per-message latency a user may state: 10 s, in ms. Real links take microseconds

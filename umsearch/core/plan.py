@@ -1,6 +1,6 @@
 """The plan (``umsearch.plan/2``): ranks, stages placed on them, and every rank's action list.
 
-MODEL.md sections 2 and 3. :class:`Plan` is what a schedule *is*: global
+docs/model.md sections 2 and 3. :class:`Plan` is what a schedule *is*: global
 batch, ranks, stages, actions. It is frozen and hashable, so equal plans
 compare equal and the search can deduplicate them. Its neighbours:
 :mod:`umsearch.core.plan_rules` (:func:`~umsearch.core.plan_rules.validate_plan`,
@@ -8,7 +8,7 @@ the gate every plan passes) and :mod:`umsearch.core.plan_io` (plan files: a
 plan with its prediction and provenance, to and from JSON and disk, version 1
 files included).
 
-Version 2.2 (MODEL.md section 9) adds optional fields for data-parallel
+Version 2.2 (docs/model.md section 9) adds optional fields for data-parallel
 replicas on a cluster: ``data_parallel``, ``cluster``, ``layout``, ``zero1``.
 A plan without them means what it meant, and is written without them.
 """
@@ -85,7 +85,7 @@ class Plan:
     actions: tuple[tuple[Action, ...], ...]
     """``actions[r]``: rank r's actions, in the order it runs them."""
     data_parallel: int = 1
-    """``D``: identical replicas of the pipeline, each training on ``B / D`` samples (MODEL.md 9)."""
+    """``D``: identical replicas of the pipeline, each training on ``B / D`` samples (docs/model.md 9)."""
     cluster: Cluster | None = None
     """Nodes and their two links; None: every message uses the profile's link."""
     layout: str = DEFAULT_LAYOUT

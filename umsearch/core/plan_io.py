@@ -1,7 +1,7 @@
 """Plan files: :class:`PlanDocument` (a plan with its prediction and provenance) to and from JSON and disk.
 
 ``umsearch.plan/2`` is read and written; a ``umsearch.plan/1`` file (one stage per rank, orders
-given by a warmup) is read as the plan/2 of MODEL.md section 6.1. Every object read passes
+given by a warmup) is read as the plan/2 of docs/model.md section 6.1. Every object read passes
 :func:`umsearch.core.plan_rules.validate_plan`; errors name the file, the field and the value.
 """
 
@@ -20,7 +20,7 @@ from umsearch.core.jsonio import check_input_path, read_json, write_json
 from umsearch.core.plan import MAX_MICROBATCHES, SCHEMA, SCHEMA_V1, Plan, Stage
 from umsearch.core.plan_rules import check_size, validate_plan
 
-_SEE = "MODEL.md section 2"
+_SEE = "docs/model.md section 2"
 
 
 META_KEYS = ("profile", "profile_sha256", "model", "state_factor", "search_space", "seed", "source")
@@ -135,7 +135,7 @@ def _actions(raw: Any, ranks: int) -> tuple[tuple[Action, ...], ...]:
 
 
 def _v1_plan(obj: dict[str, Any], num_layers: int | None) -> Plan:
-    """MODEL.md 6.1: a plan/1 file as plan/2 (stage j on rank j, orders from each stage's warmup)."""
+    """docs/model.md 6.1: a plan/1 file as plan/2 (stage j on rank j, orders from each stage's warmup)."""
     from umsearch.core.schedules import warmup_rule
 
     check_keys(obj, {"schema", "global_batch", "stages", "predicted", *META_KEYS}, "", PlanError)

@@ -1,4 +1,4 @@
-"""The one gate every plan passes (MODEL.md sections 2, 3 and 9): :func:`validate_plan`.
+"""The one gate every plan passes (docs/model.md sections 2, 3 and 9): :func:`validate_plan`.
 
 A plan is checked before it is simulated, searched from, written or executed; every error names
 the stage or rank, the action and the rule, in one line with the fix. Violations are invalid plans,
@@ -77,7 +77,7 @@ def _check_stages(plan: Plan) -> None:
 
 
 def _check_rank_actions(plan: Plan, r: int) -> None:
-    """MODEL.md section 3 for rank ``r``: the right actions, each once, then the order within the rank
+    """docs/model.md section 3 for rank ``r``: the right actions, each once, then the order within the rank
     (:func:`~umsearch.core.actions.rank_order_problem`: I before W, B/I after their forwards)."""
     where: dict[Action, int] = {}
     for pos, a in enumerate(plan.actions[r]):
@@ -111,7 +111,7 @@ def _check_rank_actions(plan: Plan, r: int) -> None:
 
 
 def _check_replicas(plan: Plan) -> None:
-    """MODEL.md section 9: D divides B, a known layout, at least one device per node."""
+    """docs/model.md section 9: D divides B, a known layout, at least one device per node."""
     D, B = integer(plan.data_parallel, "data_parallel", PlanError, lo=1), plan.global_batch
     if B % D:
         raise PlanError(f"plan field data_parallel = {D} does not divide global_batch = {B}; "
@@ -126,7 +126,7 @@ def _check_replicas(plan: Plan) -> None:
 
 
 def validate_plan(plan: Plan, num_layers: int | None = None) -> Plan:
-    """Check MODEL.md sections 2-3 and 9; return the plan unchanged or raise :class:`PlanError`.
+    """Check docs/model.md sections 2-3 and 9; return the plan unchanged or raise :class:`PlanError`.
 
     ``num_layers`` (from the profile or the model) is checked when given.
     Whether the profile has the I/W split the plan uses is

@@ -1,4 +1,4 @@
-"""The profile (``umsearch.profile/2``): what a model costs, layer by layer (MODEL.md section 1).
+"""The profile (``umsearch.profile/2``): what a model costs, layer by layer (docs/model.md section 1).
 
 A :class:`Profile` is immutable and validated on construction from JSON;
 :func:`load_profile` reads one and every rejection names the field, the bad
@@ -55,7 +55,7 @@ def profile_precision(profile: Profile) -> str | None:
                            "(profile again with umsearch profile --dtype ...)")  # fmt: skip
     return str(value)
 
-_SEE = "MODEL.md section 1"
+_SEE = "docs/model.md section 1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +84,7 @@ def link_from_json(raw: Any, where: str, error: type[UmsearchError], see: str) -
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeCosts:
-    """The runtime's own fixed costs (MODEL.md sections 4 and 7); zero until calibrated."""
+    """The runtime's own fixed costs (docs/model.md sections 4 and 7); zero until calibrated."""
 
     op_overhead_ms: float = 0.0
     """Time the runtime adds to every compute action beyond its layers' own time."""
@@ -93,13 +93,13 @@ class RuntimeCosts:
     that needs it."""
     message_overhead_ms_per_mib: float = 0.0
     """Added to ``message_overhead_ms`` per MiB (2**20 bytes) of the message, wherever that is charged
-    (MODEL.md 2.1)."""
+    (docs/model.md (version 2.1))."""
     stage_scale: tuple[tuple[int, float], ...] = ()
     """Strictly ascending ``(k, s)`` points: the layer times of a stage of k layers are multiplied by
-    s(k), linear between points and constant beyond the ends; empty: s = 1 (MODEL.md 2.1)."""
+    s(k), linear between points and constant beyond the ends; empty: s = 1 (docs/model.md (version 2.1))."""
     ranges: tuple[tuple[int, int, float], ...] = ()
     """Measured ``(lo, hi, scale)`` of exact stage ranges ``[lo, hi)``; they win over
-    :attr:`stage_scale` (MODEL.md 2.1)."""
+    :attr:`stage_scale` (docs/model.md (version 2.1))."""
     calibration: dict[str, Any] | None = field(default=None, compare=False)
     """How the values were fitted (probe plans, residual); None when never calibrated."""
 

@@ -1,4 +1,4 @@
-"""Sample bookkeeping between two partitions of the same batch (MODEL.md section 2).
+"""Sample bookkeeping between two partitions of the same batch (docs/model.md section 2).
 
 Samples flow in order ``0..B-1`` and a microbatch is a contiguous sample
 range, so two size lists over the same batch meet in a merge: which of one

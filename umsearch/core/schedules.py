@@ -1,4 +1,4 @@
-"""Generators of the action-list families of MODEL.md section 6.
+"""Generators of the action-list families of docs/model.md section 6.
 
 Two kinds of family live here, both pure functions of small integers and
 size lists (no torch import: the simulators and the search import this
@@ -35,13 +35,13 @@ RankActions = tuple[tuple[Action, ...], ...]
 """One ordered tuple of actions per rank, rank 0 first."""
 
 PlacementKind = Literal["loop", "vshape"]
-"""``loop``: stage j on rank ``j mod R``; ``vshape``: down the ranks and back up (MODEL.md section 2)."""
+"""``loop``: stage j on rank ``j mod R``; ``vshape``: down the ranks and back up (docs/model.md section 2)."""
 
 PLACEMENTS: tuple[PlacementKind, ...] = ("loop", "vshape")
 
 
 # ---------------------------------------------------------------------------
-# MODEL.md 6.1: the warmup rule
+# docs/model.md 6.1: the warmup rule
 # ---------------------------------------------------------------------------
 
 
@@ -56,7 +56,7 @@ def _check_sizes(name: str, sizes: Sequence[int]) -> None:
 def warmup_rule(
     stage: int, forward: Sequence[int], backward: Sequence[int], warmup: int
 ) -> tuple[Action, ...]:
-    """Stage ``stage``'s actions on its own rank under the warmup rule (MODEL.md 6.1).
+    """Stage ``stage``'s actions on its own rank under the warmup rule (docs/model.md 6.1).
 
     For each backward microbatch k in order, the stage first runs forwards
     until ``max(need(k), min(k + warmup, len(forward)))`` of them have run,
@@ -103,7 +103,7 @@ def warmup_rule(
 
 
 # ---------------------------------------------------------------------------
-# Placement (MODEL.md section 2)
+# Placement (docs/model.md section 2)
 # ---------------------------------------------------------------------------
 
 
@@ -118,7 +118,7 @@ def placement(kind: PlacementKind, ranks: int, stages_per_rank: int) -> tuple[in
     ``loop`` (looped and interleaved schedules): stage j on rank ``j mod ranks``.
     ``vshape``: stages zigzag down the ranks and back up, so with two stages
     per rank stage j is on rank j for ``j < ranks`` and on ``2*ranks-1-j``
-    after (MODEL.md section 2); more stages per rank keep zigzagging, as
+    after (docs/model.md section 2); more stages per rank keep zigzagging, as
     torch.distributed.pipelining's ``style="v"`` mapping does. Raises
     ValueError on an unknown kind or a count below 1.
     """
@@ -134,7 +134,7 @@ def placement(kind: PlacementKind, ranks: int, stages_per_rank: int) -> tuple[in
 
 
 # ---------------------------------------------------------------------------
-# Peer schedules (MODEL.md 6.2): builders. Each takes an already accepted
+# Peer schedules (docs/model.md 6.2): builders. Each takes an already accepted
 # shape (see PeerSchedule.accepts) and returns one action tuple per rank.
 # ---------------------------------------------------------------------------
 
@@ -336,7 +336,7 @@ def _rounds_rule(ranks: int, microbatches: int) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class PeerSchedule:
-    """One of torch.distributed.pipelining's schedules, as umsearch generates it (MODEL.md 6.2)."""
+    """One of torch.distributed.pipelining's schedules, as umsearch generates it (docs/model.md 6.2)."""
 
     name: str
     """torch's name for it, as ``get_schedule_class`` takes it (``"Interleaved1F1B"``)."""
@@ -427,7 +427,7 @@ PEER_SCHEDULES: dict[str, PeerSchedule] = {
         ),
     )
 }  # fmt: skip
-"""The peer schedules by torch's names, in the order MODEL.md 6.2 lists them."""
+"""The peer schedules by torch's names, in the order docs/model.md 6.2 lists them."""
 
 
 # ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ its ``Parallelism`` job config (``torchtitan/config/job_config.py``) and its
   the schedule name to place stages on ranks (V-shape for ``ZBVZeroBubble``,
   looped otherwise), so umsearch names one with the plan's placement.
 
-Data-parallel replicas (MODEL.md section 9, ``data_parallel = D > 1``):
+Data-parallel replicas (docs/model.md section 9, ``data_parallel = D > 1``):
 ``training.local_batch_size`` is one replica's ``B / D`` (torchtitan's
 per-device batch) and ``training.global_batch_size`` is ``B``. torchtitan's
 plain replication, ``data_parallel_replicate_degree`` (DDP), does not compose

@@ -1,4 +1,4 @@
-"""Calibrating the runtime's own costs (MODEL.md sections 4 and 7, version 2.1).
+"""Calibrating the runtime's own costs (docs/model.md sections 4 and 7, version 2.1).
 
 A profile times layers alone; the runtime adds a fixed cost to every action
 (autograd bookkeeping, stamps, Python), a cost to every cross-rank message an

@@ -1,4 +1,4 @@
-"""The calibration fit (MODEL.md sections 4 and 7, version 2.1): one least-squares fit of every runtime term.
+"""The calibration fit (docs/model.md sections 4 and 7, version 2.1): one least-squares fit of every runtime term.
 
 Under the contract an action of a stage ``[lo, hi)`` takes
 
@@ -58,7 +58,7 @@ class ActionSample:
     hi: int
     """One past the last layer of its stage."""
     messages: int
-    """Cross-rank messages charged to it (MODEL.md 4)."""
+    """Cross-rank messages charged to it (docs/model.md 4)."""
     mib: float
     """Full size of those messages, in MiB."""
 
@@ -283,7 +283,7 @@ def fit_report(profile: Profile, measured: Sequence[MeasuredPlan], *, scales: Sc
     record: dict[str, Any] = {
         "method": "one bounded least-squares fit of op overhead, message overhead, per-MiB message cost and the "
                   "stage scale on per-action durations and the profiler's stage-sized range timings "
-                  "(MODEL.md sections 4 and 7)",
+                  "(docs/model.md sections 4 and 7)",
         **(how or {}),
         "scales": scales,
         "terms": {

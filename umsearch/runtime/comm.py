@@ -12,7 +12,7 @@ executor derives both from the plan), and a receive posted early on one link
 never queues behind a send on another. With gloo the groups are separate
 channels and tags (unique per message) match them as well.
 
-With data-parallel replicas (MODEL.md section 9) every replica has its own
+With data-parallel replicas (docs/model.md section 9) every replica has its own
 links among its own processes: ``replicas[d][r]`` is the world rank of
 replica ``d``'s pipeline rank ``r``; a rank speaks of its peers by pipeline
 rank and :class:`RankComm` sends to their world ranks.

@@ -36,7 +36,7 @@ on, so posting, assembling and sending count, waiting does not. With
 ``layer_timing`` the stages also time each layer's ``F``/``B``/``I``/``W``
 (:class:`~umsearch.runtime.timing.LayerRecord`).
 
-A data-parallel plan (MODEL.md section 9) runs one executor per rank of
+A data-parallel plan (docs/model.md section 9) runs one executor per rank of
 every replica, each given its replica's own ``B / D`` samples and a
 :class:`~umsearch.runtime.gradsync.GradSync`: once the rank's last ``B``/``W``
 of a stage has ended, that stage's gradients start their all-reduce across the

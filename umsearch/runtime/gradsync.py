@@ -1,4 +1,4 @@
-"""The gradient all-reduce of a data-parallel plan (MODEL.md section 9), across each stage's copies.
+"""The gradient all-reduce of a data-parallel plan (docs/model.md section 9), across each stage's copies.
 
 A replica's stages weight each microbatch's mean loss by ``n / B`` (``B`` the GLOBAL batch, not the replica's
 ``B / D``), so a replica's gradients are its share of the full-batch mean-loss gradient, and their SUM

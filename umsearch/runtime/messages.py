@@ -1,6 +1,6 @@
 """Message bookkeeping between two stages: which slices build a microbatch, and when a message may go.
 
-A message is one microbatch of the sending stage (MODEL.md section 4); the
+A message is one microbatch of the sending stage (docs/model.md section 4); the
 receiving stage partitions the same samples its own way. Which slices of
 which messages make up a receiver microbatch is
 :func:`umsearch.core.samples.all_overlaps` (``(message, offset, count)``

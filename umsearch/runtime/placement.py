@@ -1,4 +1,4 @@
-"""Where the processes of a data-parallel plan sit (MODEL.md section 9): which process is which
+"""Where the processes of a data-parallel plan sit (docs/model.md section 9): which process is which
 replica's pipeline rank, and which samples each replica trains on.
 
 A plan with ``data_parallel = D`` runs on ``R * D`` processes: world rank ``w`` is the device of

@@ -1,6 +1,6 @@
 """What users run today, scored under the same model: the plans umsearch must beat.
 
-Every peer schedule of MODEL.md 6.2 (torch.distributed.pipelining's orders,
+Every peer schedule of docs/model.md 6.2 (torch.distributed.pipelining's orders,
 equal microbatches split as torch splits a batch) on every stage count the
 space allows it, at its best microbatch count and its best partition of the
 layers into ``R * v`` stages; plus a local greedy plan (every stage at its own
@@ -79,7 +79,7 @@ def _template(peer: PeerSchedule, rules: Rules, v: int, m: int) -> ArrayPlan:
 
 
 def counts(rules: Rules) -> list[int]:
-    """Microbatch counts that divide the batch (MODEL.md 6.2: equal microbatches) into a size inside the
+    """Microbatch counts that divide the batch (docs/model.md 6.2: equal microbatches) into a size inside the
     space's sizes and count limit.
 
     Only divisors: torch's ``PipelineStage`` sizes its buffers from the first microbatch, so a batch split

@@ -1,9 +1,9 @@
 """A lower bound on the iteration time of any plan in a space: the yardstick for the search's gap.
 
-Three facts, each true of every valid plan on R ranks (MODEL.md sections 2-4),
+Three facts, each true of every valid plan on R ranks (docs/model.md sections 2-4),
 with per-layer least times taken over microbatch sizes 1..B:
 
-Layer times carry the smallest stage scale any stage can get (MODEL.md 2.1;
+Layer times carry the smallest stage scale any stage can get (docs/model.md (version 2.1);
 fact 3 gives each range its own), so every fact stays a bound with them.
 
 1. *Work and fill.* Every layer's forward and backward work is done once per
@@ -38,7 +38,7 @@ MAX_DP_LAYERS = 128
 
 def _per_layer(tables: CostTables, kind: int, batch: int) -> np.ndarray:
     """(batch+1, L) per-layer time of one action kind at every size 0..batch, times the smallest stage
-    scale any stage can get (MODEL.md 2.1), so that every sum of them stays a lower bound."""
+    scale any stage can get (docs/model.md (version 2.1)), so that every sum of them stays a lower bound."""
     return np.diff(tables.times[kind, : batch + 1], axis=1) * tables.least_scale
 
 

@@ -84,11 +84,11 @@ class _Search:
                                                             for j in plan.stages_of(r)) for r in range(plan.ranks)]  # fmt: skip
         self.delta = {a: self._delta(a) for r in acts for a in r}
         held = [spans(st.forward, st.backward) for st in plan.stages]
-        # What must precede an action in its own list (MODEL.md 3).
+        # What must precede an action in its own list (docs/model.md 3).
         self.own = {a: a.must_follow(lambda j, k: held[j][k]) for r in acts for a in r}
 
     def _delta(self, a: Action) -> tuple[float, float]:
-        """(added before the peak, released after) by ``a``: MODEL.md section 5."""
+        """(added before the peak, released after) by ``a``: docs/model.md section 5."""
         st, c = self.plan.stages[a.stage], self.cost
         n = a.size(st.forward, st.backward)
         return a.memory(st.recompute, c.stash_bytes(st.lo, st.hi) * n, c.input_bytes_of(st.lo) * n)

@@ -1,7 +1,7 @@
 """Factorizations of a cluster: which (ranks R, replicas D, layout, ZeRO-1) are worth a search.
 
 A cluster of ``nodes x gpus_per_node`` devices runs ``D`` replicas of an
-``R``-rank pipeline, ``R x D`` = the devices (MODEL.md section 9). Every
+``R``-rank pipeline, ``R x D`` = the devices (docs/model.md section 9). Every
 divisor R of the devices is a candidate; it is pruned before any search when
 it cannot work: more ranks than layers (or than a search plans for), ``D`` not
 dividing the batch, or a smallest possible stage that does not fit the memory
@@ -71,7 +71,7 @@ def divisors(n: int) -> list[int]:
 
 
 def state_factor(base: float, replicas: int, zero1: bool) -> float:
-    """Bytes of state per parameter byte on a device (MODEL.md 9): ``base``, or with ZeRO-1
+    """Bytes of state per parameter byte on a device (docs/model.md 9): ``base``, or with ZeRO-1
     ``2 + (base - 2) / D``."""
     return 2.0 + (base - 2.0) / replicas if zero1 else base
 

@@ -3,7 +3,7 @@
 Fixed orders (GPipe, 1F1B, the interleaved and zero-bubble families) are
 written for equal microbatches on balanced stages. Unequal microbatches and
 uneven stages shift every arrival, so here the order is made while the
-iteration is simulated (MODEL.md section 4): whenever a rank is free it takes,
+iteration is simulated (docs/model.md section 4): whenever a rank is free it takes,
 among its actions whose inputs have arrived,
 
 1. a weight gradient ``W``, if at least ``w_cap[r]`` are waiting;
@@ -149,7 +149,7 @@ class Generated:
 
     def array_plan(self, g: Genome, rules: Rules, c: int, **replicas: Any) -> ArrayPlan:
         """Candidate ``c`` (genome ``g``) with its generated lists, as an array plan; ``replicas``:
-        the data-parallel fields (MODEL.md 9; ``batch`` then the global batch), if any."""
+        the data-parallel fields (docs/model.md 9; ``batch`` then the global batch), if any."""
         p = self.packed
         r0, r1 = p.rank_ptr[c], p.rank_ptr[c + 1]
         return ArrayPlan(
@@ -351,7 +351,7 @@ def _generate_one(  # type: ignore[no-untyped-def]
     f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
     n_f = fwd_ptr[s1] - f_base
     kernels.link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
-    stash_in = np.empty(S)  # bytes a forward adds per sample (MODEL.md 5)
+    stash_in = np.empty(S)  # bytes a forward adds per sample (docs/model.md 5)
     _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param_prefix, input_bytes, state_factor,
            memory_limit, n_f + bwd_ptr[s1] - b_base, deliv, local, ints, rint, rflt, stash_in, mem, busy, link)  # fmt: skip
     link[:R, :R, 1], link[:R, :R, 2] = latency, ms_per_byte  # one link between any two ranks
@@ -376,7 +376,7 @@ def _generate_one(  # type: ignore[no-untyped-def]
             rflt[WAITED_AT, r] = now
             rflt[DECIDE_AT, r] = wake
             continue
-        # Run the chosen action: the timing of MODEL.md section 4, as in the evaluator.
+        # Run the chosen action: the timing of docs/model.md section 4, as in the evaluator.
         gg = s0 + g
         # Inline on purpose: a shared kernel taking these arrays costs ~20% of the loop (ARCHITECTURE.md).
         k = ints[NEXT_ROW[kind], g]

@@ -123,7 +123,7 @@ def _screened_ms(run: Run, base: dict[str, Scored | None]) -> float:
 
 
 def unshard(s: Scored, tables: CostTables, limit: float) -> Scored:
-    """``s`` without ZeRO-1 where it fits without (ZeRO-1 changes memory only, MODEL.md 9); ``tables``
+    """``s`` without ZeRO-1 where it fits without (ZeRO-1 changes memory only, docs/model.md 9); ``tables``
     cover the plan's largest microbatch."""
     if not s.plan.zero1:
         return s

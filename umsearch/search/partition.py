@@ -5,7 +5,7 @@
 - :func:`balanced_cuts` is the exact bottleneck DP: the cuts minimizing the
   largest per-stage work ``m * (F(b) + G(b))`` (PipeDream-planner style), a
   good start, not the answer (the simulated time is not a sum over stages).
-- :func:`stage_cuts` is that DP on the scaled stage times of MODEL.md 2.1
+- :func:`stage_cuts` is that DP on the scaled stage times of docs/model.md (version 2.1)
   (what the searches call).
 - :func:`descend` moves one cut at a time to the neighbouring layer while the
   simulated time improves: a local optimum, and the searches that use it say so.
@@ -78,7 +78,7 @@ MAX_SCALED_DP_LAYERS = 512
 
 def stage_cuts(tables: CostTables, b: int, stages: int) -> Cuts:
     """The cuts minimizing the largest stage work at microbatch size ``b``, each stage's work taken
-    times its scale (:meth:`umsearch.core.cost.CostTables.stage_scale`, MODEL.md 2.1)."""
+    times its scale (:meth:`umsearch.core.cost.CostTables.stage_scale`, docs/model.md (version 2.1))."""
     work = stage_work(tables, b)
     rt = tables.runtime
     L = work.shape[0] - 1

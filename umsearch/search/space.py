@@ -127,7 +127,7 @@ _NO_LINK = Link(latency_ms=0.0, bandwidth_gb_per_s=1.0)
 @dataclass(frozen=True, kw_only=True)
 class ClusterTable:
     """``[cluster]`` (optional): plan data-parallel replicas of the pipeline on every device of a
-    two-tier cluster (MODEL.md section 9); the search chooses the pipeline's ranks R, the replicas
+    two-tier cluster (docs/model.md section 9); the search chooses the pipeline's ranks R, the replicas
     D (R x D = nodes x gpus_per_node), the layout and ZeRO-1."""
 
     nodes: int = field(default=1, metadata=option("nodes of the cluster", dest="nodes", kind="int",
@@ -147,7 +147,7 @@ class ClusterTable:
 
     @property
     def cluster(self) -> Cluster:
-        """The plan field ``cluster`` (MODEL.md section 9)."""
+        """The plan field ``cluster`` (docs/model.md section 9)."""
         return Cluster(gpus_per_node=self.gpus_per_node, intra=self.intra, inter=self.inter)
 
 

@@ -18,7 +18,7 @@ concatenations. :func:`encode` turns a :class:`~umsearch.core.plan.Plan`
 into one and :func:`decode` turns one back. An action is one int64 code
 (:func:`umsearch.core.actions.action_code`).
 
-Data-parallel replicas on a cluster (MODEL.md section 9) stay outside the
+Data-parallel replicas on a cluster (docs/model.md section 9) stay outside the
 per-action loop: replicas whose ranks share nodes alike time identically, so
 the loop runs once per distinct pattern (a **run**), each with its own
 per-rank-pair link table, and a small pass after it chains every rank's
@@ -96,7 +96,7 @@ class ArrayPlan:
     act_len: IntArray
     """(R,) actions per rank."""
     replicas: int = 1
-    """``D``: data-parallel replicas (MODEL.md 9); ``batch`` is still the global batch."""
+    """``D``: data-parallel replicas (docs/model.md 9); ``batch`` is still the global batch."""
     cluster: Cluster | None = None
     """Nodes and their links; None: the profile's link everywhere."""
     layout: str = DEFAULT_LAYOUT
@@ -327,7 +327,7 @@ def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
 
 
 def allreduce_times(packed: PackedPlans, tables: CostTables) -> FloatArray:
-    """Per stage (all candidates), its ring all-reduce over the candidate's replicas (MODEL.md 9; 0
+    """Per stage (all candidates), its ring all-reduce over the candidate's replicas (docs/model.md 9; 0
     with one replica): ``2 (D-1)/D * P_j * ms_per_byte + 2 (D-1) * latency`` on its link."""
     counts = np.diff(packed.stage_ptr)
     d = np.repeat(packed.replicas, counts).astype(np.float64)
@@ -427,7 +427,7 @@ def _set_links(link, R, run_node, n0, n1, links, c, latency, ms_per_byte):  # ty
 
 @njit(cache=True)
 def _allreduce_end(s0, S, rank, ready, ar_ms, order, free, spans):  # type: ignore[no-untyped-def]
-    """MODEL.md section 9: the stages' all-reduces (``ar_ms``), each ready at ``ready[j]``, run one at a
+    """docs/model.md section 9: the stages' all-reduces (``ar_ms``), each ready at ``ready[j]``, run one at a
     time per rank in ready order (lower stage first on ties); writes each one's ready time, start and
     end to ``spans[s0 + j]`` and returns the latest end. ``order`` and ``free`` (per rank) are scratch."""
     for j in range(S):  # stable insertion sort by ready time: ties keep the lower stage first
@@ -524,7 +524,7 @@ def _one(  # type: ignore[no-untyped-def]
                     waiter[slot] = -1
                     stack[top_of_stack] = w
                     top_of_stack += 1
-            # Memory (MODEL.md 5): additions, the peak, then releases.
+            # Memory (docs/model.md 5): additions, the peak, then releases.
             add, rel = memory_step(kind, recompute[g], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
             level[r] += add
             mem[r0 + r] = max(mem[r0 + r], level[r])

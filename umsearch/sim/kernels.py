@@ -1,4 +1,4 @@
-"""Compiled building blocks of MODEL.md sections 4 and 5, shared by every numba loop.
+"""Compiled building blocks of docs/model.md sections 4 and 5, shared by every numba loop.
 
 (Each takes at most one array: numba passes an array as a struct of seven
 fields, and calls taking several cost more than the work they do.)
@@ -47,7 +47,7 @@ def compute_ms(kind, size, lo, hi, rec, scale, times):  # type: ignore[no-untype
 @njit(cache=True)
 def message_ms(count, samples, sample_bytes, msg_oh, msg_per_byte):  # type: ignore[no-untyped-def]
     """What ``count`` cross-rank messages carrying ``samples`` samples of ``sample_bytes`` each in all
-    cost a compute timeline (MODEL.md 4 and 2.1: a fixed part per message plus one per byte)."""
+    cost a compute timeline (docs/model.md 4 and 2.1: a fixed part per message plus one per byte)."""
     return count * msg_oh + msg_per_byte * samples * sample_bytes
 
 
@@ -93,7 +93,7 @@ def link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi):  # type:
     of stage g is slot ``fwd_ptr[g] - fwd_ptr[s0] + k``, backward k slot ``n_f + bwd_ptr[g] -
     bwd_ptr[s0] + k``, ``n_f`` its forward count) with the producer microbatches it reads: a forward
     its source stage's forwards, a backward (``B`` or ``I``, which read alike) its source stage's
-    backwards (:func:`umsearch.core.actions.source_stage`, MODEL.md 4)."""
+    backwards (:func:`umsearch.core.actions.source_stage`, docs/model.md 4)."""
     f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
     n_f = fwd_ptr[s1] - f_base
     S = s1 - s0
@@ -136,11 +136,11 @@ def ready_at(deliveries, base, first, last):  # type: ignore[no-untyped-def]
 @njit(cache=True)
 def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, scale, need_ms, rank, link, times, out_bytes,  # type: ignore[no-untyped-def]
            op_oh, msg_oh, msg_per_byte):  # fmt: skip
-    """MODEL.md section 4 for one action of stage ``j`` (global index ``g``, layer-time factor
+    """docs/model.md section 4 for one action of stage ``j`` (global index ``g``, layer-time factor
     ``scale``) on rank ``r`` starting at ``start``, charged ``need_ms`` for the messages it received
     (:func:`needed_ms`): ``(end, to, arrival)``, ``to`` the stage its output goes to (-1: none) and
     ``arrival`` when it is there. ``link[r, q]`` is ``(arrival of its last message, latency ms, ms per
-    byte)`` of the directed link from rank r to q (its own per pair on a cluster, MODEL.md 9); a
+    byte)`` of the directed link from rank r to q (its own per pair on a cluster, docs/model.md 9); a
     cross-rank message takes it after its previous message (the arrival is updated here)."""
     dur = compute_ms(kind, size, l_lo, l_hi, rec, scale, times)
     to = consumer_stage(kind, j, S)
@@ -160,7 +160,7 @@ def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, scale, need_ms, rank,
 
 @njit(cache=True)
 def memory_step(kind, rec, size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix):  # type: ignore[no-untyped-def]
-    """MODEL.md section 5: what one action of ``size`` samples on layers ``[l_lo, l_hi)`` adds to its
+    """docs/model.md section 5: what one action of ``size`` samples on layers ``[l_lo, l_hi)`` adds to its
     rank's activation level before the peak, and releases after it."""
     inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
     return memory_delta(kind, rec, (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp)

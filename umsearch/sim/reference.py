@@ -1,4 +1,4 @@
-"""The reference simulator: one plan, event by event, written straight from MODEL.md sections 4 and 5.
+"""The reference simulator: one plan, event by event, written straight from docs/model.md sections 4 and 5.
 
 It favours being obviously right over being fast; :mod:`umsearch.sim.batch`
 is the compiled twin the search uses, and tests hold the two equal on every
@@ -10,7 +10,7 @@ An output goes to a stage on the same rank at the action's end, else as one
 message on the directed link between the two ranks, after the link's previous
 message. When no event is left while actions remain, the plan deadlocks.
 
-With data-parallel replicas (MODEL.md section 9) each replica is timed on its
+With data-parallel replicas (docs/model.md section 9) each replica is timed on its
 own, its messages on the links its devices have; then every stage's copies
 all-reduce once its last ``B`` or ``W`` has ended in all of them.
 """
@@ -52,7 +52,7 @@ class ActionTiming:
 
     def base_ms(self, a: Action) -> float:
         """The layers' own time of ``a`` (recomputation included) times the stage's scale, without the
-        runtime's overheads (MODEL.md 4 and 2.1)."""
+        runtime's overheads (docs/model.md 4 and 2.1)."""
         st, c, n = self.plan.stages[a.stage], self.cost, self.size(a)
         t = c.time_ms(_QUANTITY[a.kind], st.lo, st.hi, n)
         if a.reruns_forward(st.recompute):
@@ -77,7 +77,7 @@ class ActionTiming:
         return sum(self.cost.message_charge_ms(edge, n) for edge, n in self.messages(a))
 
     def duration(self, a: Action) -> float:
-        """MODEL.md section 4: the base time plus the per-action and per-message overheads."""
+        """docs/model.md section 4: the base time plus the per-action and per-message overheads."""
         return self.base_ms(a) + self.cost.op_overhead_ms + self.message_ms(a)
 
     def transfer(self, a: Action) -> float:
@@ -87,14 +87,14 @@ class ActionTiming:
 
 def state_factor(plan: Plan, cost: CostModel) -> float:
     """Bytes of state per parameter byte on each device: the cost model's, or with ``zero1`` its
-    optimizer part sharded over the replicas, ``2 + (state_factor - 2) / D`` (MODEL.md 9)."""
+    optimizer part sharded over the replicas, ``2 + (state_factor - 2) / D`` (docs/model.md 9)."""
     if plan.zero1:
         return 2.0 + (cost.state_factor - 2.0) / plan.data_parallel
     return cost.state_factor
 
 
 def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:
-    """MODEL.md section 5 (and 9) for rank ``r``: state plus the largest activation level at any of its
+    """docs/model.md section 5 (and 9) for rank ``r``: state plus the largest activation level at any of its
     actions (the same in every replica: memory follows the list order, not the links)."""
     level = peak = 0.0
     for a in plan.actions[r]:
@@ -149,7 +149,7 @@ def _link_pattern(plan: Plan, replica: int) -> tuple[int, ...] | None:
 
 
 def _run(plan: Plan, timing: ActionTiming, transfer: Transfer) -> _Timeline:
-    """MODEL.md section 4 for one replica whose messages take ``transfer``."""
+    """docs/model.md section 4 for one replica whose messages take ``transfer``."""
     deps = timing.deps
     R = plan.ranks
     delivered: dict[Action, float] = {}
@@ -200,7 +200,7 @@ def _allreduce_link(plan: Plan, cost: CostModel, rank: int) -> Link:
 
 
 def _allreduces(plan: Plan, cost: CostModel, timelines: list[_Timeline]) -> tuple[AllReduceSpan, ...]:
-    """MODEL.md section 9: each stage's ring all-reduce, ready when its last B or W has ended in every
+    """docs/model.md section 9: each stage's ring all-reduce, ready when its last B or W has ended in every
     replica (``timelines``: each distinct one once); one rank's run one at a time in the order they
     become ready (lower stage first on ties)."""
     ready = [0.0] * plan.num_stages

@@ -1,5 +1,5 @@
 """What a simulation of one iteration says: per-action records, per-rank totals and, with
-data-parallel replicas (MODEL.md section 9), every stage's gradient all-reduce."""
+data-parallel replicas (docs/model.md section 9), every stage's gradient all-reduce."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from umsearch.core.actions import ActionRecord
 
 @dataclass(frozen=True, kw_only=True)
 class AllReduceSpan:
-    """The gradient all-reduce of one stage across its replicas (MODEL.md section 9)."""
+    """The gradient all-reduce of one stage across its replicas (docs/model.md section 9)."""
 
     stage: int
     """The stage whose copies all-reduce."""
@@ -26,7 +26,7 @@ class AllReduceSpan:
 
 @dataclass(frozen=True, kw_only=True)
 class SimResult:
-    """What one plan costs under the model (MODEL.md sections 4 and 5)."""
+    """What one plan costs under the model (docs/model.md sections 4 and 5)."""
 
     deadlock: bool
     """True when no action could start while some remained."""
