@@ -53,3 +53,17 @@ def test_one_rank_runs_its_all_reduces_one_at_a_time() -> None:
         spans = [(s.stage, s.ready_ms, s.start_ms, s.end_ms) for s in res.allreduces]
         assert spans == [(0, 12.0, 30.0, 52.0), (1, 8.0, 8.0, 30.0)], name
         assert res.iteration_ms == 52.0 and res.compute_end_ms == 12.0, name
+
+
+def test_a_split_stage_is_ready_for_its_all_reduce_when_its_last_w_ends() -> None:
+    """The weight gradients are complete after a stage's last W, not its last I (ENDS_BACKWARD)."""
+    from tests.contract import explicit_plan
+
+    plan = explicit_plan(2, [0, 0], [[2], [2]], ["0F0 1F0 1I0 0I0 1W0 0W0"], layers_per_stage=2)
+    cluster = dataclasses.replace(EXAMPLE8_CLUSTER, gpus_per_node=1)
+    plan = dataclasses.replace(plan, global_batch=4, data_parallel=2, cluster=cluster)
+    for name, run in SIMULATORS.items():
+        res = run(plan, CostModel(example8_profile()))
+        # F, I and W take 2 each: 1I0 ends at 6, 0I0 at 8, 1W0 at 10, 0W0 at 12; 22 ms all-reduces.
+        spans = [(s.stage, s.ready_ms, s.start_ms, s.end_ms) for s in res.allreduces]
+        assert spans == [(0, 12.0, 32.0, 54.0), (1, 10.0, 10.0, 32.0)], name
