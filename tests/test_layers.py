@@ -46,6 +46,7 @@ FLOORS: dict[str, set[str]] = {
     "runtime": {"core", "sim", "nn"},
     "orchestrate": {"core", "sim", "search", "nn", "measure", "runtime"},
     "cli": {"core", "sim", "search", "nn", "measure", "runtime", "orchestrate", "adapters"},
+    "pipelining": {"runtime"},
 }
 """What each package may import besides itself (``adapters`` is a module of its own)."""
 

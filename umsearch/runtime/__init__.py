@@ -34,6 +34,7 @@ _EXPORTS = {
     "IterationStats": "executor", "StageExecutor": "executor",
     "GradSync": "gradsync",
     "LayerRecord": "timing",
+    "PlanSchedule": "plan_schedule",
     "launch": "launch",
     "RunResult": "run_plan", "StepResult": "run_plan", "run_plan": "run_plan",
     "WeightWork": "umsearch.nn.backward", "backward_full": "umsearch.nn.backward",

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -176,6 +177,11 @@ class StageExecutor:
     (:class:`~umsearch.nn.precision.LossScaler`); after an iteration the gradients are unscaled.
     ``grad_sync``: needed when the plan has ``data_parallel > 1`` (the inputs are then this replica's
     ``plan.replica_batch`` samples); each stage's gradients are all-reduced across its copies.
+    ``mean_loss`` False: the gradients are those of the SUM of ``loss_fn`` over the last stage's
+    microbatches (torch's ``scale_grads=False``), and the reported loss is that sum.
+    ``keep_outputs``: the last stage keeps its outputs of the iteration (:meth:`outputs`).
+    ``forward_only``: run only the rank's forwards, in list order and without autograd (evaluation; every
+    rank of the plan must run forward-only too); no gradient moves and nothing steps.
     """
 
     def __init__(
@@ -191,6 +197,9 @@ class StageExecutor:
         layer_timing: bool = False,
         precision: Precision | str | None = None,
         grad_sync: GradSync | None = None,
+        mean_loss: bool = True,
+        keep_outputs: bool = False,
+        forward_only: bool = False,
     ) -> None:
         validate_plan(plan)
         if plan.data_parallel > 1 and grad_sync is None:
@@ -219,11 +228,12 @@ class StageExecutor:
         self.device = torch.device(device) if device is not None else (
             comm.device if comm is not None else torch.device("cpu")
         )  # fmt: skip
-        self.actions = plan.actions[rank]
+        self.forward_only = forward_only
+        self.actions = tuple(a for a in plan.actions[rank] if a.is_forward or not forward_only)
         self.clock = StampClock(self.device)
         self.precision = precision if isinstance(precision, Precision) else Precision(precision or "fp32")
         self.scaler = LossScaler() if self.precision.scales_loss else None
-        self.stages = self._stage_computes(stage_modules, loss_fn, layer_timing)
+        self.stages = self._stage_computes(stage_modules, loss_fn, layer_timing, mean_loss, keep_outputs)
         self.acts: dict[int, _Channel] = {}  # stage j's input activations (from j-1)
         self.grads: dict[int, _Channel] = {}  # stage j's output gradients (from j+1)
         self._make_channels()
@@ -234,8 +244,8 @@ class StageExecutor:
         self.reduce_after = self._last_gradient_actions() if grad_sync is not None else {}
 
     # ------------------------------------------------------------------ setup
-    def _stage_computes(self, modules: Sequence[torch.nn.Module], loss_fn: LossFn | None,
-                        layer_timing: bool) -> dict[int, StageCompute]:  # fmt: skip
+    def _stage_computes(self, modules: Sequence[torch.nn.Module], loss_fn: LossFn | None, layer_timing: bool,
+                        mean_loss: bool, keep_outputs: bool) -> dict[int, StageCompute]:  # fmt: skip
         split: dict[int, list[bool]] = {j: [False] * len(self.plan.stages[j].backward) for j in self.mine}
         order: dict[int, list[int]] = {j: [] for j in self.mine}
         for a in self.actions:
@@ -247,7 +257,8 @@ class StageExecutor:
             j: StageCompute(index=j, stage=self.plan.stages[j], module=m, global_batch=self.plan.global_batch,
                             first=j == 0, last=j == S - 1, loss_fn=loss_fn, device=self.device, split=split[j],
                             backward_order=order[j], clock=self.clock if layer_timing else None,
-                            precision=self.precision, scaler=self.scaler)
+                            precision=self.precision, scaler=self.scaler, mean_loss=mean_loss,
+                            keep_outputs=keep_outputs)
             for j, m in zip(self.mine, modules, strict=True)
         }  # fmt: skip
 
@@ -294,6 +305,8 @@ class StageExecutor:
                 continue
             link = _Link(src=src)
             for a in acts:
+                if self.forward_only and not a.is_forward:
+                    continue
                 to = a.consumer(S)
                 if to is None or st[to].rank != self.rank:
                     continue
@@ -450,7 +463,7 @@ class StageExecutor:
         (with replicas: this replica's ``plan.replica_batch`` samples of it)."""
         x_all = self._check_batch(inputs, "inputs") if self.needs_inputs else None
         y_all = self._check_batch(targets, "targets") if self.needs_targets else None
-        if self.optimizer is not None:
+        if self.optimizer is not None and not self.forward_only:
             self.optimizer.zero_grad(set_to_none=True)
         if not self.shapes_known:
             self._handshake(x_all)
@@ -470,12 +483,13 @@ class StageExecutor:
             self.comm.barrier()
         self.clock.reset()
         stamps = []
-        for pos, a in enumerate(self.actions):
-            stamps.append(self._run_action(pos, a, x_all))
-            if pos in self.reduce_after:
-                j = self.reduce_after[pos]
-                assert self.grad_sync is not None
-                self.grad_sync.start(j, self.stages[j].params)
+        with torch.no_grad() if self.forward_only else nullcontext():
+            for pos, a in enumerate(self.actions):
+                stamps.append(self._run_action(pos, a, x_all))
+                if pos in self.reduce_after:
+                    j = self.reduce_after[pos]
+                    assert self.grad_sync is not None
+                    self.grad_sync.start(j, self.stages[j].params)
         for pending in self.sends.values():
             while pending:
                 handle, _, what = pending.popleft()
@@ -484,10 +498,24 @@ class StageExecutor:
         if self.grad_sync is not None:
             self.grad_sync.finish()
             reduced = self.clock.stamp()
+        if self.forward_only:
+            return self._stats(stamps, reduced)
         step = self.scaler is None or self.scaler.unscale_and_update(self._params(), self.device)
         if self.optimizer is not None and step:
             self.optimizer.step()
         return self._stats(stamps, reduced)
+
+    def microbatch_losses(self) -> list[torch.Tensor]:
+        """On the rank holding the last stage: the last iteration's loss of each of its forward microbatches,
+        as ``loss_fn`` gave it (in microbatch order); elsewhere empty."""
+        last = self.stages.get(self.plan.num_stages - 1)
+        return last.microbatch_losses if last is not None else []
+
+    def outputs(self) -> torch.Tensor | None:
+        """With ``keep_outputs``, on the rank holding the last stage: the last iteration's outputs of all its
+        samples in order; otherwise None."""
+        last = self.stages.get(self.plan.num_stages - 1)
+        return last.outputs() if last is not None else None
 
     def _params(self) -> list[torch.Tensor]:
         return [p for s in self.stages.values() for p in s.module.parameters()]

@@ -85,6 +85,10 @@ class _Iteration:
     weight: dict[int, list[tuple[int | None, WeightWork]]] = field(default_factory=dict)
     loss: torch.Tensor | None = None
     targets: torch.Tensor | None = None
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Last stage: each forward microbatch's loss as ``loss_fn`` returned it (detached, unscaled)."""
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Last stage with ``keep_outputs``: each forward microbatch's output (detached)."""
 
 
 class StageCompute:
@@ -95,12 +99,17 @@ class StageCompute:
     ``B``/``I`` run (a recomputing stage drops stashed inputs after their last
     reader). ``clock``: per-layer timing into :attr:`layer_stamps` (None: off). ``precision``: the
     autocast of the forwards (None: fp32); ``scaler``: the loss scale of the last stage's backward.
+    ``mean_loss``: ``loss_fn`` gives a microbatch's mean loss and the backward starts from it weighted by
+    ``n / B`` (the gradients are the full-batch mean loss's); False: unweighted, so the gradients are
+    those of the sum of ``loss_fn`` over the microbatches (torch's ``scale_grads=False``).
+    ``keep_outputs``: the last stage keeps every forward microbatch's output (:meth:`outputs`).
     """
 
     def __init__(self, *, index: int, stage: Stage, module: torch.nn.Module, global_batch: int, first: bool,
                  last: bool, loss_fn: LossFn | None, device: torch.device, split: Sequence[bool],
                  backward_order: Sequence[int], clock: StampClock | None = None, precision: Precision | None = None,
-                 scaler: LossScaler | None = None) -> None:  # fmt: skip
+                 scaler: LossScaler | None = None, mean_loss: bool = True,
+                 keep_outputs: bool = False) -> None:  # fmt: skip
         if last and loss_fn is None:
             raise RuntimeExecutionError(f"stage {index} is the last; it needs loss_fn(output, targets) -> mean loss")
         self.precision, self.scaler = precision or Precision("fp32"), scaler
@@ -108,6 +117,7 @@ class StageCompute:
         self.B, self.first, self.last, self.loss_fn, self.device = global_batch, first, last, loss_fn, device
         self.split = tuple(split)
         self.clock = clock
+        self.mean_loss, self.keep_outputs = mean_loss, keep_outputs
         self.layers: list[tuple[int, torch.nn.Module, list[torch.Tensor]]] | None = None
         if isinstance(module, torch.nn.Sequential) and len(module) == stage.hi - stage.lo:
             self.layers = [(stage.lo + i, m, list[torch.Tensor](m.parameters())) for i, m in enumerate(module)]
@@ -131,8 +141,20 @@ class StageCompute:
 
     @property
     def loss(self) -> torch.Tensor | None:
-        """Sum of the weighted microbatch losses so far (last stage): the full-batch mean loss."""
+        """Sum of the weighted microbatch losses so far (last stage): the full-batch mean loss (with
+        ``mean_loss``), else the sum of the microbatches' losses."""
         return self.run.loss
+
+    @property
+    def microbatch_losses(self) -> list[torch.Tensor]:
+        """Last stage: this iteration's losses as ``loss_fn`` gave them, in forward-microbatch order."""
+        return [self.run.losses[k] for k in sorted(self.run.losses)]
+
+    def outputs(self) -> torch.Tensor | None:
+        """Last stage with ``keep_outputs``: this iteration's outputs of the whole batch, in sample order
+        (None before any forward)."""
+        outs = self.run.outputs
+        return torch.cat([outs[k] for k in sorted(outs)]) if outs else None
 
     def _leaf(self, x: torch.Tensor) -> torch.Tensor:
         """A fresh autograd leaf on the stage input, so that its gradient can be sent back."""
@@ -146,12 +168,19 @@ class StageCompute:
             )
         return x.requires_grad_(True)
 
-    def _weighted_loss(self, out: torch.Tensor, targets: torch.Tensor | None, lo: int, n: int) -> torch.Tensor:
+    def _weighted_loss(self, out: torch.Tensor, targets: torch.Tensor | None, lo: int, n: int,
+                       mb: int | None) -> torch.Tensor:  # fmt: skip
+        """The backward's loss for samples ``[lo, lo+n)``; ``mb``: the forward microbatch whose loss to record
+        (None in a recomputation, which must not record it twice)."""
         assert self.loss_fn is not None and targets is not None
         loss = self.loss_fn(out, targets.narrow(0, lo, n))
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise RuntimeExecutionError(f"loss_fn must return a scalar tensor (the mean loss), got {loss!r}")
-        return loss * (n / self.B)
+        if mb is not None:
+            self.run.losses[mb] = loss.detach().reshape(())
+            if self.keep_outputs:
+                self.run.outputs[mb] = out.detach()
+        return loss * (n / self.B) if self.mean_loss else loss
 
     @contextmanager
     def _timed(self, layer: int | None, kind: Kind, mb: int, size: int, recompute: bool = False) -> Iterator[None]:
@@ -167,10 +196,11 @@ class StageCompute:
         """Run the stage on ``x`` (samples ``[lo, lo+n)``), recording a graph: (its pieces, the output)."""
         leaf = self._leaf(x)
         autocast = self.precision.autocast(self.device)
+        record = None if recompute else mb
         if not pieces or self.layers is None:
             with autocast:
                 out = self.module(leaf)
-                root = self._scaled(self._weighted_loss(out, targets, lo, n)) if self.last else out
+                root = self._scaled(self._weighted_loss(out, targets, lo, n, record)) if self.last else out
             return [_Piece(leaf, root, None, self.params)], out
         built: list[_Piece] = []
         h = leaf
@@ -179,7 +209,7 @@ class StageCompute:
             with self._timed(layer, "F", mb, n, recompute), self.precision.autocast(self.device):
                 h = module(inp)
                 end = self.last and i == len(self.layers) - 1
-                root = self._scaled(self._weighted_loss(h, targets, lo, n)) if end else h
+                root = self._scaled(self._weighted_loss(h, targets, lo, n, record)) if end else h
             built.append(_Piece(inp, root, layer, params))
         return built, h
 
