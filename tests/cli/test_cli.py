@@ -178,8 +178,11 @@ def test_export_of_an_unequal_plan_without_baselines_says_what_to_do(files: Path
                                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     (files / "u.json").write_text(json.dumps({**PLAN, "stages": _stages({}, {"forward": [1, 3], "backward": [1, 3]}),
                                               "actions": [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1F1", "1B0", "1B1"]]}))
-    code, _, err = _run(capsys, "export", str(files / "u.json"), "--format", "torchtitan", "--out", str(files / "o"))
+    code, _, err = _run(capsys, "export", str(files / "u.json"), "--format", "pipelining-csv", "--out", str(files / "o"))
     assert code == 1 and "unequal microbatches" in err and "umsearch run" in err
+    # torchtitan takes the plan itself through PlanSchedule (tests/runtime/test_torchtitan_recipe.py).
+    code, out, err = _run(capsys, "export", str(files / "u.json"), "--format", "torchtitan", "--out", str(files / "o"))
+    assert code == 0 and "no torchtitan.toml" in out and "unequal microbatches" in out
 
 
 def test_search_then_export_takes_the_best_equal_baseline(files: Path, capsys: pytest.CaptureFixture[str]) -> None:

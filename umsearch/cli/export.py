@@ -82,17 +82,25 @@ def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
         raise PlanError(f"{plan_path}: torchtitan needs the layers' module names, from the profile; pass --profile")
     sequential = loaded.model is not None and loaded.model.is_zoo
     modules = module_names([lay.name for lay in loaded.profile.layers], sequential)
-    notes = []
+    notes: list[str] = []
     try:
         exp = _expressed(loaded.plan, modules)
     except PlanError as why:
-        exp, note = _fallback(loaded, plan_path, modules, why)
+        try:
+            exp, note = _fallback(loaded, plan_path, modules, why)
+        except PlanError as none:
+            # Stock torchtitan settings cannot carry the plan, but PlanSchedule can: the recipe alone.
+            files = _recipe(loaded.plan, modules, out, plan_path, notes)
+            if not files:
+                raise none from None
+            return files + [f"no torchtitan.toml: {none}"] + notes
         notes.append(note)
     notes.extend(exp.notes)  # data-parallel replicas: what torchtitan runs instead
     header = (f"torchtitan settings written by umsearch export from {plan_path}\n"
               "merge these sections into your train config (or pass them as --parallelism.* flags)")  # fmt: skip
     write_output(str(out / "torchtitan.toml"), "--out", lambda p: write_text_atomic(p, exp.toml(header)))
     files = [str(out / "torchtitan.toml")]
+    files += _recipe(loaded.plan, modules, out, plan_path, notes)
     if exp.csv is not None:
         write_output(str(out / "schedule.csv"), "--out", lambda p: write_text_atomic(p, exp.csv or ""))
         files.append(str(out / "schedule.csv"))
@@ -137,6 +145,24 @@ def export_command(plan_path: str, fmt: str, out: str, profile_path: str | None,
         click.echo(json.dumps({"files": files, "notes": [x for x in lines if x not in files]}))
         return
     _print(files, [x for x in lines if x not in files])
+
+
+def _recipe(plan: Plan, modules: list[str], out: Path, plan_path: Path, notes: list[str]) -> list[str]:
+    """Write the plan itself and the PlanSchedule recipe that runs it in torchtitan; the files written (none,
+    with a note why, where torchtitan cannot place the plan's stages)."""
+    from umsearch.core.torchtitan import PLAN_FILE, RECIPE_FILE, plan_schedule_recipe
+
+    try:
+        recipe = plan_schedule_recipe(plan, modules, str(plan_path))
+    except PlanError as why:
+        notes.append(f"no {RECIPE_FILE}: {why}")
+        return []
+    text = json.dumps(plan.to_json(), indent=1) + "\n"
+    write_output(str(out / PLAN_FILE), "--out", lambda p: write_text_atomic(p, text))
+    write_output(str(out / RECIPE_FILE), "--out", lambda p: write_text_atomic(p, recipe))
+    notes.append(f"to run the plan itself in torchtitan, build its schedule with {RECIPE_FILE}'s "
+                 "build_plan_schedule(stages, loss_fn) (umsearch.pipelining.PlanSchedule; see docs/torchtitan.md)")
+    return [str(out / PLAN_FILE), str(out / RECIPE_FILE)]
 
 
 def _print(files: list[str], notes: list[Any]) -> None:

@@ -197,3 +197,63 @@ def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "sched
             raise PlanError(f"torch cannot load the plan's order as a schedule CSV: {exc}") from None
         parallelism["pipeline_parallel_schedule_csv"] = csv_path
     return TorchtitanExport(training=training, parallelism=parallelism, csv=csv, notes=data_parallel_notes(plan))
+
+
+RECIPE_FILE = "plan_schedule.py"
+"""The recipe an export writes beside ``torchtitan.toml``: the plan itself through ``PlanSchedule``."""
+
+PLAN_FILE = "umsearch_plan.json"
+"""The plan the recipe runs, written beside it."""
+
+
+def plan_schedule_recipe(plan: Plan, modules: Sequence[str], source: str) -> str:
+    """A Python file that runs ``plan`` itself (any microbatches) in torchtitan through ``PlanSchedule``.
+
+    It holds the module names of each stage (``module_fqns_per_model_part``
+    cut where the plan cuts) and ``build_plan_schedule(stages, loss_fn)``, the
+    line that replaces torchtitan's ``build_pipeline_schedule``. Raises
+    PlanError where torchtitan cannot place the plan's stages (the way out named).
+    """
+    if len(modules) != plan.num_layers:
+        raise PlanError(f"{len(modules)} layer names for a plan over {plan.num_layers} layers")
+    if plan.data_parallel > 1:
+        raise PlanError(f"the plan has {plan.data_parallel} data-parallel replicas; PlanSchedule runs one pipeline")
+    placed_as = _placement_name(plan)
+    fqns = [list(modules[st.lo:st.hi]) for st in plan.stages]
+    return f'''"""Run {source} inside torchtitan through umsearch's PlanSchedule (written by umsearch export).
+
+The plan's own microbatches (unequal and per stage where it has them) run as
+planned; torchtitan's settings cannot express them. In torchtitan:
+
+1. set [parallelism] pipeline_parallel_degree = {plan.ranks},
+   pipeline_parallel_schedule = "{placed_as}" (it only makes torchtitan place
+   the stages on ranks as the plan does) and module_fqns_per_model_part =
+   MODULE_FQNS_PER_MODEL_PART below, so that torchtitan cuts the stages where
+   the plan cuts them;
+2. where torchtitan builds its schedule (``build_pipeline_schedule(job_config,
+   stages, loss_fn)`` in torchtitan/distributed/pipeline_parallel.py), build
+   this one from the same stages and loss function instead::
+
+       pp_schedule = build_plan_schedule(stages, loss_fn)
+
+``loss_fn`` is the model's mean loss, as torchtitan hands it over; the
+schedule weighs each microbatch by its samples, so the gradients are the
+full batch's and the mean of ``losses`` is its loss. umsearch must be
+importable where the job trains.
+"""
+
+from pathlib import Path
+
+PLAN = Path(__file__).with_name("{PLAN_FILE}")
+PIPELINE_PARALLEL_DEGREE = {plan.ranks}
+LOCAL_BATCH_SIZE = {plan.global_batch}
+MODULE_FQNS_PER_MODEL_PART = {fqns!r}
+STAGE_RANKS = {[st.rank for st in plan.stages]!r}
+
+
+def build_plan_schedule(stages, loss_fn):
+    """The PlanSchedule of this rank's PipelineStages (what replaces torchtitan's schedule)."""
+    from umsearch.pipelining import PlanSchedule
+
+    return PlanSchedule(stages, PLAN, loss_fn)
+'''

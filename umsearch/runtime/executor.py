@@ -54,6 +54,7 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -399,7 +400,7 @@ class StageExecutor:
         pending.append((self._comm().isend(dst, t, tag(stage, gradient, mb, self.plan.num_stages)), t, what))
 
     # --------------------------------------------------------------- shapes
-    def _handshake(self, inputs: torch.Tensor | None) -> None:
+    def _handshake(self, inputs: torch.Tensor | None, kwargs: dict[str, Any]) -> None:
         """Learn every stage's input and output sample shapes; tell other ranks theirs (in stage order)."""
         st, S = self.plan.stages, self.plan.num_stages
         out_shape: dict[int, SampleShape] = {}
@@ -425,7 +426,8 @@ class StageExecutor:
             if dst is not None:
                 where = f"the output of stage {j} (layer {fwd.sent_boundary(st[j].lo, st[j].hi)})"
                 with self.precision.autocast(self.device):  # the dtype the stage really sends
-                    out_shape[j] = probe(self.stages[j].module, sample, where)
+                    one = {k: v.narrow(0, 0, 1) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+                    out_shape[j] = probe(self.stages[j].module, sample, where, one)
                 self.grads[j].shape = out_shape[j]  # the gradient it gets back is its output's
                 if st[dst].rank != self.rank:
                     header = encode(out_shape[j]).to(self.device)
@@ -458,15 +460,19 @@ class StageExecutor:
             raise RuntimeExecutionError(f"{what} must hold {whose} = {B} samples on dim 0, got {got}")
         return t.to(self.device, non_blocking=True)
 
-    def run_iteration(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> IterationStats:
+    def run_iteration(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None,
+                      model_kwargs: dict[str, Any] | None = None) -> IterationStats:  # fmt: skip
         """Run one global batch: ``inputs`` where the rank holds stage 0, ``targets`` where it holds the last
-        (with replicas: this replica's ``plan.replica_batch`` samples of it)."""
+        (with replicas: this replica's ``plan.replica_batch`` samples of it). ``model_kwargs``: keyword inputs
+        of every stage's forward, tensors holding the batch on dim 0 (each microbatch gets its rows)."""
         x_all = self._check_batch(inputs, "inputs") if self.needs_inputs else None
         y_all = self._check_batch(targets, "targets") if self.needs_targets else None
+        kwargs = {k: self._check_batch(v, f"keyword input {k!r}") if isinstance(v, torch.Tensor) else v
+                  for k, v in (model_kwargs or {}).items()}  # fmt: skip
         if self.optimizer is not None and not self.forward_only:
             self.optimizer.zero_grad(set_to_none=True)
         if not self.shapes_known:
-            self._handshake(x_all)
+            self._handshake(x_all, kwargs)
         elif x_all is not None and of_tensor(x_all, "the inputs") != self.in_shapes[0]:
             raise RuntimeExecutionError(
                 f"inputs changed shape from {self.in_shapes[0]} to {of_tensor(x_all, 'the inputs')}; "
@@ -475,7 +481,7 @@ class StageExecutor:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         for s in self.stages.values():
-            s.start_iteration(y_all if s.last else None)
+            s.start_iteration(y_all if s.last else None, kwargs)
         for link in self.links.values():
             link.posted = link.next_reader = 0
         self._post_ahead(0)

@@ -97,7 +97,8 @@ class PlanSchedule(_PipelineSchedule):
     def step(self, *args: Any, target: Any = None, losses: list[Any] | None = None, return_outputs: bool = True,
              **kwargs: Any) -> Any:  # fmt: skip
         """One iteration on the whole batch: ``step(x, target=y, losses=[])`` on the ranks of the first and
-        last stages, ``step()`` elsewhere. Returns the last stage's outputs of the whole batch on its rank
+        last stages, ``step()`` elsewhere. Keyword arguments reach every stage's forward, tensors cut into each
+        microbatch's rows (as torch chunks them; torchtitan passes ``input_batch=...``). Returns the last stage's outputs of the whole batch on its rank
         (``return_outputs``), else None."""
         return self._run(self.executor, args, kwargs, target, losses, return_outputs)
 
@@ -112,22 +113,20 @@ class PlanSchedule(_PipelineSchedule):
 
     def _run(self, ex: StageExecutor, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,
              losses: list[Any] | None, return_outputs: bool) -> Any:  # fmt: skip
-        inputs = self._inputs(ex, args, kwargs)
+        inputs = self._inputs(ex, args)
         if ex.needs_targets and target is None and self._loss_fn_given:
             raise PlanError(f"rank {self.rank} holds the last stage {self.plan.num_stages - 1}; pass target=... to step")
-        self.stats = ex.run_iteration(inputs, target if ex.needs_targets else None)
+        self.stats = ex.run_iteration(inputs, target if ex.needs_targets else None, kwargs)
         if ex.needs_targets and losses is not None:
             losses.clear()
             losses.extend(self._losses(ex))
         return ex.outputs() if ex.needs_targets and return_outputs else None
 
-    def _inputs(self, ex: StageExecutor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-        if kwargs:
-            raise PlanError(f"PlanSchedule passes one input tensor to stage 0; got keyword inputs {sorted(kwargs)}")
+    def _inputs(self, ex: StageExecutor, args: tuple[Any, ...]) -> torch.Tensor | None:
         if not ex.needs_inputs:
             if args:
-                raise PlanError(f"rank {self.rank} does not hold stage 0; call step() without inputs here "
-                                f"(got {len(args)} positional input(s))")  # fmt: skip
+                raise PlanError(f"rank {self.rank} does not hold stage 0; call step() without positional inputs "
+                                f"here (got {len(args)})")  # fmt: skip
             return None
         if len(args) != 1 or not isinstance(args[0], torch.Tensor):
             raise PlanError(f"rank {self.rank} holds stage 0; call step(x) with the whole batch as one tensor "

@@ -12,6 +12,7 @@ the shape and dtype of the activation they belong to, so they need no header.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -77,8 +78,8 @@ def decode(header: torch.Tensor) -> SampleShape:
     return SampleShape(dims=tuple(words[2 : 2 + ndim]), dtype=_DTYPES[code])
 
 
-def probe(module: torch.nn.Module, sample: torch.Tensor, where: str) -> SampleShape:
-    """Sample shape of ``module``'s output on a one-sample input.
+def probe(module: torch.nn.Module, sample: torch.Tensor, where: str, kwargs: dict[str, Any] | None = None) -> SampleShape:
+    """Sample shape of ``module``'s output on a one-sample input (``kwargs``: its keyword inputs, one sample's).
 
     Runs in eval mode without autograd so that it neither records a graph nor
     touches running statistics; the module's mode is restored afterwards.
@@ -87,7 +88,7 @@ def probe(module: torch.nn.Module, sample: torch.Tensor, where: str) -> SampleSh
     module.eval()
     try:
         with torch.no_grad():
-            out = module(sample)
+            out = module(sample, **kwargs) if kwargs else module(sample)
     finally:
         module.train(was_training)
     shape = of_tensor(out, where)

@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -89,6 +90,8 @@ class _Iteration:
     """Last stage: each forward microbatch's loss as ``loss_fn`` returned it (detached, unscaled)."""
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)
     """Last stage with ``keep_outputs``: each forward microbatch's output (detached)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword inputs of the module's forward for the whole batch (tensors are cut per microbatch)."""
 
 
 class StageCompute:
@@ -134,10 +137,21 @@ class StageCompute:
         self.run = _Iteration()
 
     # ------------------------------------------------------------------ helpers
-    def start_iteration(self, targets: torch.Tensor | None) -> None:
-        """Start a new iteration; ``targets``: the whole batch's targets (last stage only)."""
-        self.run = _Iteration(targets=targets)
+    def start_iteration(self, targets: torch.Tensor | None, kwargs: dict[str, Any] | None = None) -> None:
+        """Start a new iteration; ``targets``: the whole batch's targets (last stage only); ``kwargs``: keyword
+        inputs of every forward, tensors holding the whole batch on dim 0 (each microbatch gets its samples'
+        rows, as torch's schedules chunk them), other values as they are."""
+        if kwargs and self.layers is not None and (self.clock is not None or any(self.split)):
+            raise RuntimeExecutionError(
+                f"stage {self.index} is cut per layer (split backward or per-layer timing) and cannot pass keyword "
+                f"inputs {sorted(kwargs)} to each layer; give it a module that is not an nn.Sequential of its layers"
+            )
+        self.run = _Iteration(targets=targets, kwargs=dict(kwargs or {}))
         self.layer_stamps.clear()
+
+    def _kwargs(self, lo: int, n: int) -> dict[str, Any]:
+        """The keyword inputs of samples ``[lo, lo+n)``."""
+        return {k: v.narrow(0, lo, n) if isinstance(v, torch.Tensor) else v for k, v in self.run.kwargs.items()}
 
     @property
     def loss(self) -> torch.Tensor | None:
@@ -199,7 +213,7 @@ class StageCompute:
         record = None if recompute else mb
         if not pieces or self.layers is None:
             with autocast:
-                out = self.module(leaf)
+                out = self.module(leaf, **self._kwargs(lo, n)) if self.run.kwargs else self.module(leaf)
                 root = self._scaled(self._weighted_loss(out, targets, lo, n, record)) if self.last else out
             return [_Piece(leaf, root, None, self.params)], out
         built: list[_Piece] = []
