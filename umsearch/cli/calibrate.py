@@ -10,6 +10,7 @@ import click
 from rich.markup import escape
 
 from umsearch.cli.console import console, write_output
+from umsearch.cli.progress import Reporter, progress_option
 from umsearch.core.errors import ModelSpecError, ProfilingError
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.outputs import check_output_file
@@ -70,11 +71,12 @@ def print_report(report: dict[str, Any]) -> None:
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Write the calibrated profile here (default: replace PROFILE.json, atomically).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration report as JSON.")
+@progress_option
 def calibrate_command(profile_path: str, model: str | None, model_args: tuple[str, ...], trust_model_code: bool,
                       rounds: int, ranks: int, batch: int, threads: int, scales: str, out: str | None,
-                      as_json: bool) -> None:  # fmt: skip
+                      as_json: bool, progress: str) -> None:  # fmt: skip
     """Run a few probe plans for real and fit the runtime's own costs into PROFILE.json (docs/model.md 7)."""
-    from umsearch.orchestrate.calibration import calibrate
+    from umsearch.orchestrate.calibration import calibrate, require_this_machine
     from umsearch.runtime.factory import spec_factory
 
     target = profile_path if out is None else out
@@ -83,8 +85,13 @@ def calibrate_command(profile_path: str, model: str | None, model_args: tuple[st
     if model_args and model is None:
         raise ModelSpecError("--arg needs --model: it is an argument of the model you name")
     spec = _spec(profile, profile_path, model, model_args, trust_model_code)
-    calibrated, report = calibrate(profile, spec_factory(spec, 0), rounds=rounds, ranks=ranks, batch=batch,
-                                   threads=threads, scales=scales)  # type: ignore[arg-type]  # fmt: skip
+    require_this_machine(profile, "calibrate")  # as calibrate does, but before a progress line: one line if refused
+    # One step: the probes run in one launch and report nothing until it ends (no per-round hook).
+    with Reporter(progress, "calibrate", quiet=as_json) as shown:
+        shown.update(0, 1, f"running the probe plans on {ranks} ranks, {rounds} round(s) each")
+        calibrated, report = calibrate(profile, spec_factory(spec, 0), rounds=rounds, ranks=ranks, batch=batch,
+                                       threads=threads, scales=scales)  # type: ignore[arg-type]  # fmt: skip
+        shown.update(1, 1, f"ran {len(report['probe_rows'])} probe plans and fitted the runtime's costs")
     write_output(target, "--out", lambda p: save_profile(calibrated, p))
     if as_json:
         click.echo(json.dumps({**report, "profile": str(Path(target))}))

@@ -10,10 +10,10 @@ import click
 import torch
 from rich import box
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from umsearch.cli.console import console
+from umsearch.cli.progress import Reporter, progress_option
 from umsearch.core.errors import ProfilingError
 from umsearch.core.fields import MAX_INT
 from umsearch.core.jsonio import write_json
@@ -169,11 +169,6 @@ def _device(device: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=True)  # fmt: skip
-
-
 # ------------------------------------------------------------------------------------- reports
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
@@ -254,7 +249,7 @@ def _spec(model: str | None, args: tuple[str, ...], stored: Profile | None, wher
 
 
 def _check(path: str, model: str | None, args: tuple[str, ...], device: str | None, repeats: int | None,
-           no_pool: bool, out: str | None) -> None:  # fmt: skip
+           no_pool: bool, out: str | None, progress: str) -> None:  # fmt: skip
     from umsearch.measure.check import check_profile, check_steps
     from umsearch.nn.models import build_model
 
@@ -268,9 +263,9 @@ def _check(path: str, model: str | None, args: tuple[str, ...], device: str | No
     check_precision(precision, dev)
     config = ProfileConfig(sizes=stored.microbatch_sizes, device=dev, repeats=repeats or CHECK_REPEATS, pool=not no_pool,
                            precision=precision, context_layers=measured_context(stored))  # fmt: skip
-    with _progress() as bar:
-        task = bar.add_task("checking", total=check_steps(stored, config))
-        report = check_profile(stored, built, config, tick=lambda what: bar.update(task, advance=1, description=escape(what)))
+    total = check_steps(stored, config)
+    with Reporter(progress, "profile --check") as shown:
+        report = check_profile(stored, built, config, tick=lambda what: shown.advance(what, total=total))
     report["profile"] = str(path)
     console.print(check_table(report))
     console.print(f"[bold {_COLOR[report['verdict']]}]check: {report['verdict']}[/] - {escape(report['message'])}")
@@ -278,13 +273,11 @@ def _check(path: str, model: str | None, args: tuple[str, ...], device: str | No
         console.print(f"wrote {escape(str(write_json(out, report)))}")
 
 
-def _measure(built: Any, spec: ModelSpec, config: ProfileConfig, link: Link) -> Profile:
+def _measure(built: Any, spec: ModelSpec, config: ProfileConfig, link: Link, progress: str) -> Profile:
     from umsearch.measure.profiler import profile_model
 
-    with _progress() as bar:
-        task = bar.add_task("profiling", total=None)
-        prof = profile_model(built, spec, config, link=link,
-                             tick=lambda what, total: bar.update(task, advance=1, total=total, description=escape(what)))  # fmt: skip
+    with Reporter(progress, "profile") as shown:
+        prof = profile_model(built, spec, config, link=link, tick=lambda what, total: shown.advance(what, total=total))
     note = prof.extra["measurement"]["memory"]["note"]
     if note:
         console.print(f"[yellow]{escape(note)}[/]")
@@ -325,11 +318,12 @@ def _default_out(model: str) -> str:
               help="Then fit the runtime's per-action and per-message costs (as umsearch calibrate does).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Output file (default MODEL_profile.json; with --check, where to write the drift report).")  # fmt: skip
+@progress_option
 def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None, device: str | None, dtype: str,
                     repeats: int | None, threads: int | None, no_pool: bool, context_layers: int,
                     memory_limit_gb: float | None, link_preset: str | None, link_latency_ms: float | None,
                     link_bandwidth_gbps: float | None,
-                    check: str | None, calibrate_too: bool, out: str | None) -> None:  # fmt: skip
+                    check: str | None, calibrate_too: bool, out: str | None, progress: str) -> None:  # fmt: skip
     """Measure MODEL (zoo name or package.module:function) layer by layer.
 
     With --check PROFILE, re-measure part of a stored profile instead (MODEL defaults to the one
@@ -342,7 +336,7 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
         if threads is None:
             threads = int(load_profile(check).extra.get("measurement", {}).get("threads", 1))
         torch.set_num_threads(threads)
-        _check(check, model, args, device, repeats, no_pool, out)
+        _check(check, model, args, device, repeats, no_pool, out, progress)
         return
     if model is None:
         raise ProfilingError("name the model to profile (a zoo name: gpt, vgg16, mlp; or package.module:function), "
@@ -367,7 +361,7 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
     config = ProfileConfig(sizes=size_list, device=dev, repeats=repeats or DEFAULT_REPEATS, pool=not no_pool,
                            precision=precision, memory_cap_bytes=cap, context_layers=context_layers)  # fmt: skip
     # Compute first, link last: a model that cannot be profiled wastes no link measurement.
-    prof = _measure(built, spec, config, Link(latency_ms=0.0, bandwidth_gb_per_s=1.0))
+    prof = _measure(built, spec, config, Link(latency_ms=0.0, bandwidth_gb_per_s=1.0), progress)
     prof = replace(prof, link=resolve_link(choice, dev, defaulted),
                    extra={**prof.extra, "link_source": link_source(choice, defaulted)})  # fmt: skip
     console.print(profile_table(prof, model))

@@ -32,6 +32,7 @@ from click.core import ParameterSource
 from umsearch.cli.console import abort as _fail
 from umsearch.cli.console import console, debug_enabled, err_console, write_output
 from umsearch.cli.options import click_options
+from umsearch.cli.progress import Reporter, progress_option
 from umsearch.core.errors import PlanError, RuntimeExecutionError, UmsearchError
 from umsearch.core.loader import LoadedPlan
 from umsearch.core.plan import Plan
@@ -259,6 +260,7 @@ def _check_cluster_fit(plan: Plan, nnodes: int, per_node: int) -> None:
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @table_options()
 @click.option("--json", "as_json", is_flag=True, help="Print the run's report as one JSON object instead of a table.")
+@progress_option
 @click.option("--trace", default=None, metavar="FILE",
               help="Write the measured timeline (median iteration) as Chrome-trace JSON here.")  # fmt: skip
 @click.option("--print-launch", is_flag=True, help="Print the torchrun command for a cluster and exit (builds nothing).")
@@ -296,11 +298,12 @@ def run_command(plan_path: str, **values: Any) -> None:
                                nproc_per_node=extra["nproc_per_node"], rdzv_endpoint=extra["rdzv_endpoint"],
                                node_rank=extra["node_rank"]))  # fmt: skip
         return
-    _run_local(plan_path, loaded, cfg, choice, as_json=extra["as_json"], trace=extra["trace"])
+    _run_local(plan_path, loaded, cfg, choice, as_json=extra["as_json"], trace=extra["trace"],
+               progress=extra["progress"])  # fmt: skip
 
 
 def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: ModelChoice, *, as_json: bool,
-               trace: str | None) -> None:  # fmt: skip
+               trace: str | None, progress: str) -> None:  # fmt: skip
     from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.preflight import check_layers, count_layers
     from umsearch.runtime.run_plan import run_document, run_plan_file
@@ -308,7 +311,12 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
     spec = loaded.require_model()  # trusted: load_checked said so
     check_layers(loaded.plan, count_layers(spec_factory(spec, cfg.seed)))
     _warn(run_warnings(loaded, cfg))
-    result = run_plan_file(plan_path, world_size(loaded.plan), cfg, choice)
+    processes = world_size(loaded.plan)
+    # One step: torchrun reports nothing until every rank is done (no per-iteration hook in the launcher).
+    with Reporter(progress, "run", quiet=as_json) as shown:
+        shown.update(0, 1, f"launching {processes} processes (torchrun) for {cfg.steps} iterations")
+        result = run_plan_file(plan_path, processes, cfg, choice)
+        shown.update(1, 1, f"ran {cfg.steps} iterations on {processes} processes")
     median = result.median_step(cfg.warmup_steps)
     doc = run_document(result, cfg, meta={"plan": str(plan_path), "model": spec.to_json()})
     doc["predicted_iteration_ms"] = predicted_ms(loaded)

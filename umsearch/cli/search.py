@@ -10,11 +10,11 @@ from typing import Any
 
 import click
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from umsearch.cli.console import console
 from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.options import click_options
+from umsearch.cli.progress import Reporter, progress_option
 from umsearch.cli.report import (
     comparison_rows,
     comparison_table,
@@ -50,8 +50,9 @@ def space_flags(command: Callable[..., Any]) -> Callable[..., Any]:
               help="Which Pareto point to write as plan.json (0: the fastest; report.md lists them).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables.")
 @click.option("--quiet", is_flag=True, help="Print only the summary line and the files written.")
+@progress_option
 def search_command(space_path: str | None, cluster_path: str | None, out: str | None, pick: int, as_json: bool,
-                   quiet: bool, **flags: Any) -> None:  # fmt: skip
+                   quiet: bool, progress: str, **flags: Any) -> None:  # fmt: skip
     """Find the fastest plan that fits the memory limit (no arguments: the bundled default space)."""
     if space_path is None and flags.get("profile") is None:
         space_path = str(default_space())
@@ -62,7 +63,7 @@ def search_command(space_path: str | None, cluster_path: str | None, out: str | 
     folder = output_folder(Path("results") / space.name if out is None else out, space, space_path)
     profile = load_profile(space.profile)
     with StopSignals() as stops:
-        result = _run(space, profile, quiet or as_json)
+        result = _run(space, profile, Reporter(progress, "search", quiet=quiet or as_json))
     paths = write_outputs(result, space, profile, folder, pick)
     target = folder.path
     if as_json:
@@ -86,16 +87,13 @@ def _cluster_json(result: SearchResult) -> dict[str, Any]:
             "pruned": [{"factorization": p.factorization.label, "reason": p.reason} for p in result.pruned]}  # fmt: skip
 
 
-def _run(space: Any, profile: Any, quiet: bool) -> SearchResult:
-    columns = (TextColumn("[bold]{task.description:<10}[/]"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console, disable=quiet, transient=True) as bar:
-        task = bar.add_task("baselines", total=1, info="")
+def _run(space: Any, profile: Any, reporter: Reporter) -> SearchResult:
+    """The search, its progress shown by ``reporter``: one phase (bar) per search phase."""
+    with reporter as shown:
 
         def show(p: SearchProgress) -> None:
             best = "-" if p.best_ms == float("inf") else f"{p.best_ms:.3f} ms"
-            bar.update(task, description=p.phase, completed=p.done, total=p.total,
-                       info=f"best {best}  scored {p.evaluations}")  # fmt: skip
+            shown.update(p.done, p.total, p.phase, info=f"best {best} · scored {p.evaluations}", phase=p.phase)
 
         return run_search(space, profile, show)
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from umsearch.cli.calibrate import _spec
 from umsearch.cli.console import console, err_console
 from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.options import click_options
+from umsearch.cli.progress import Reporter, progress_option
 from umsearch.cli.run import split_values
 from umsearch.core.options import settings
 from umsearch.core.profile import load_profile
@@ -54,7 +54,8 @@ _RUN_KEYS = ("threads", "warmup_steps", "model", "model_args", "trust_model_code
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Output folder (default results/tune/<profile name>/).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print tune.json's summary as JSON instead of tables.")
-def tune_command(profile_path: str, out: str | None, as_json: bool, **values: Any) -> None:
+@progress_option
+def tune_command(profile_path: str, out: str | None, as_json: bool, progress: str, **values: Any) -> None:
     """Search, run the K best plans and every torch schedule for real, refit, repeat; plan.json is the
     contender that MEASURED fastest (a torch schedule if one did, exported for torchtitan)."""
     from umsearch.core.errors import ModelSpecError
@@ -79,15 +80,12 @@ def tune_command(profile_path: str, out: str | None, as_json: bool, **values: An
     target = Path(out) if out else Path("results") / "tune" / Path(profile_path).stem
     folder = OutputFolder(target, "--out", inputs=[profile_path], expected=(*FILES, *EXPORT_FILES))  # before any work
     err_console.print(trust_line(profile, profile_path), soft_wrap=True, markup=False)
-    columns = (TextColumn("[bold]{task.description:<9}[/]"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn())  # fmt: skip
-    with StopSignals() as stops, Progress(*columns, console=err_console, disable=as_json) as bar:
-        tasks: dict[int, Any] = {}
+    shown = Reporter(progress, "tune", quiet=as_json, transient=False)
+    with StopSignals() as stops, shown:
 
-        def show(p: Any) -> None:
-            if p.round not in tasks:
-                tasks[p.round] = bar.add_task(f"round {p.round}", total=p.total, info="")
-            bar.update(tasks[p.round], completed=p.done, info=p.phase)
+        def show(p: Any) -> None:  # a round's steps: search, measure, refit (``phase`` is the one now under way)
+            shown.update(p.done, p.total, f"round {p.round} of at most {p.rounds}", info=p.phase,
+                         phase=f"round {p.round}")  # fmt: skip
 
         result = tune_on_machine(profile, space, spec_factory(spec, seed), cfg, run_cfg, on_progress=show)
     if result.interrupted and stops.received is not None:  # the search inside keeps only that it was stopped
