@@ -31,6 +31,7 @@ _LAZY_COMMANDS = {
     "calibrate": "umsearch.cli.calibrate:calibrate_command",
     "compare": "umsearch.cli.compare:compare_command",
     "tune": "umsearch.cli.tune:tune_command",
+    "replay": "umsearch.cli.replay:replay_command",
 }
 
 

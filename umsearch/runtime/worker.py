@@ -55,19 +55,20 @@ class RankSession:
     """One process's model, stage modules and executor for one plan: pipeline rank ``rank`` of a
     replica, where ``world_rank`` is the process's rank in the default group.
 
+    ``device``: where the stages run (default: the launcher's, ``cuda:LOCAL_RANK`` under NCCL, else the CPU).
     ``comms`` caches the process's links and gradient groups across sessions of one process: process
     groups are collective to create, so plans with the same links (and replicas) share them.
     """
 
     def __init__(self, world_rank: int, world_size: int, plan_json: dict[str, Any], factory: ModelFactory,
-                 cfg: RunConfig, comms: GroupCache | None = None) -> None:  # fmt: skip
+                 cfg: RunConfig, comms: GroupCache | None = None, device: torch.device | None = None) -> None:  # fmt: skip
         plan = plan_from_json(plan_json)
         check_runnable(plan)
         check_world(plan, world_size)
         self.placement = Placement.of(plan, world_rank)
         rank = self.placement.rank
         self.plan, self.rank, self.cfg = plan, rank, cfg
-        device = local_rank_device(cfg.launch.backend)
+        device = device if device is not None else local_rank_device(cfg.launch.backend)
         precision = Precision(cfg.precision or "fp32")
         check_autocast(precision, device)
         apply_switches(precision)

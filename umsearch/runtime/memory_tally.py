@@ -1,0 +1,189 @@
+"""Memory in the cost model's own terms, measured on one process: what docs/model.md section 5 predicts.
+
+The model predicts a rank's peak memory as its training state (``state_factor``
+bytes per parameter byte: weights, gradients, optimizer states) plus the
+highest level its stashed activations reach. A device's allocator counts more
+than that (receive buffers, workspace, fragmentation) and a CPU has no such
+counter at all, so :class:`MemoryTally` counts the model's terms themselves:
+
+- **saved tensors**: the bytes autograd keeps for backwards, through
+  :func:`torch.autograd.graph.saved_tensors_hooks` (thread-local, so wrapping
+  a call is enough: the code inside is not changed). Every storage counts
+  once, however many tensors (views, the same tensor saved by two nodes)
+  keep it: storages are keyed by device and ``data_ptr`` with a reference
+  count; each pack returns a small wrapper whose death (``weakref.finalize``)
+  drops one reference, so a storage leaves the count when autograd has freed
+  the last of its saved copies. Parameters are left out (they are state, not
+  activations), as the profiler leaves them out of ``stash_bytes``
+  (:func:`umsearch.measure.stash.saved_bytes`); what autocast saves (the
+  low-precision copies of weights) counts, as there.
+- **parameters**, each storage once;
+- **gradients**, counted from when each first appears
+  (``register_post_accumulate_grad_hook``); gradients present when the tally
+  starts count from the start;
+- **optimizer states**, the tensors of ``optimizer.state`` at the start and at
+  the end (an optimizer makes them at its first step; they stay after).
+
+The peak is the largest ``parameters + optimizer states + gradients +
+saved`` at any moment a saved tensor or a gradient appears.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import torch
+
+StorageKey = tuple[str, int]
+"""``(device, data_ptr)`` of a storage: pointers of different devices may coincide."""
+
+
+def _key(t: torch.Tensor) -> tuple[StorageKey, int]:
+    storage = t.untyped_storage()
+    return (str(t.device), storage.data_ptr()), storage.nbytes()
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (each once)."""
+    seen: dict[StorageKey, int] = {}
+    for t in tensors:
+        key, nbytes = _key(t)
+        seen[key] = max(seen.get(key, 0), nbytes)
+    return sum(seen.values())
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of the tensors an optimizer keeps per parameter (momentum, Adam's moments), each storage once."""
+    if optimizer is None:
+        return 0
+    return storage_bytes(v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tally:
+    """What a :class:`MemoryTally` counted over one span (bytes)."""
+
+    param_bytes: int
+    """Parameters."""
+    grad_bytes: int
+    """Gradients at their most (usually the end)."""
+    optimizer_bytes: int
+    """Optimizer states (the larger of the start and the end)."""
+    saved_peak_bytes: int
+    """The most bytes autograd held saved at once: the measured counterpart of the model's peak activations."""
+    saved_end_bytes: int
+    """Saved bytes still held when the span ended (0 once every backward has run)."""
+    peak_bytes: int
+    """Largest parameters + optimizer states + gradients + saved tensors at any moment."""
+
+    @property
+    def state_bytes(self) -> int:
+        """Parameters, gradients and optimizer states: the measured counterpart of ``state_factor * P``."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    def to_json(self) -> dict[str, int]:
+        return {"param_bytes": self.param_bytes, "grad_bytes": self.grad_bytes,
+                "optimizer_bytes": self.optimizer_bytes, "saved_peak_bytes": self.saved_peak_bytes,
+                "saved_end_bytes": self.saved_end_bytes, "peak_bytes": self.peak_bytes}  # fmt: skip
+
+
+class _Saved:
+    """What autograd keeps instead of a saved tensor while the tally runs (its death releases the storage)."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _unpack(saved: Any) -> torch.Tensor:
+    return saved.tensor if isinstance(saved, _Saved) else saved
+
+
+class MemoryTally:
+    """Count the model's memory terms while the ``with`` block runs (module docstring).
+
+    ``params``: the parameters of the stages the code runs; ``optimizer``: the one stepping them (None:
+    no optimizer states). Use one tally per span; read :meth:`result` after (or during) the block.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None = None) -> None:
+        self.params = list(params)
+        self.optimizer = optimizer
+        self._exclude = {_key(p)[0] for p in self.params}
+        self._refs: dict[StorageKey, int] = {}
+        self._sizes: dict[StorageKey, int] = {}
+        self._graded: set[int] = set()
+        self.saved = 0
+        self.grads = 0
+        self.saved_peak = 0
+        self._peak_dynamic = 0
+        self._optimizer_start = 0
+        self._optimizer_end: int | None = None
+        self._hooks: Any = None
+        self._handles: list[Any] = []
+
+    # ------------------------------------------------------------------ counting
+    def _bump(self) -> None:
+        self.saved_peak = max(self.saved_peak, self.saved)
+        self._peak_dynamic = max(self._peak_dynamic, self.saved + self.grads)
+
+    def _pack(self, t: torch.Tensor) -> _Saved:
+        # Detached: a node that saves its own output would otherwise keep itself alive through the
+        # wrapper (output -> grad_fn -> saved variable -> wrapper -> output), a cycle through C++.
+        wrapper = _Saved(t.detach())
+        key, nbytes = _key(t)
+        if nbytes and key not in self._exclude:
+            refs = self._refs.get(key, 0)
+            if refs == 0:
+                self._sizes[key] = nbytes
+                self.saved += nbytes
+                self._bump()
+            self._refs[key] = refs + 1
+            weakref.finalize(wrapper, self._release, key)
+        return wrapper
+
+    def _release(self, key: StorageKey) -> None:
+        refs = self._refs[key] - 1
+        if refs:
+            self._refs[key] = refs
+            return
+        del self._refs[key]
+        self.saved -= self._sizes.pop(key)
+
+    def _count_grad(self, p: torch.Tensor) -> None:
+        if id(p) in self._graded or p.grad is None:
+            return
+        self._graded.add(id(p))
+        self.grads += p.grad.numel() * p.grad.element_size()
+        self._bump()
+
+    # ------------------------------------------------------------------ the span
+    def __enter__(self) -> MemoryTally:
+        for p in self.params:
+            self._count_grad(p)
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._count_grad))
+        self._optimizer_start = optimizer_state_bytes(self.optimizer)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._hooks.__exit__(kind, exc, tb)
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._optimizer_end = optimizer_state_bytes(self.optimizer)
+
+    def result(self) -> Tally:
+        """The counts so far (final once the block has ended)."""
+        optimizer = max(self._optimizer_start, self._optimizer_end or 0)
+        params = storage_bytes(self.params)
+        return Tally(param_bytes=params, grad_bytes=self.grads, optimizer_bytes=optimizer,
+                     saved_peak_bytes=self.saved_peak, saved_end_bytes=self.saved,
+                     peak_bytes=params + optimizer + self._peak_dynamic)  # fmt: skip
