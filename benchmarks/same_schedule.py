@@ -9,7 +9,9 @@ separates the two: for each model of a tune benchmark's JSON, it takes the
 last round's tuned plan and best torch schedule (with its partition and
 microbatch count) and measures, in one set of rank processes with rounds
 rotated, the tuned plan on umsearch's runtime and the torch schedule's plan
-on **both** runtimes. It reports, paired by round with 95% bootstrap
+on **both** runtimes. Both run on torch's ``PipelineStage`` objects
+(:mod:`umsearch.orchestrate.contenders`): "umsearch's runtime" is the plan
+through ``PlanSchedule``, "torch's runtime" torch's own schedule class. It reports, paired by round with 95% bootstrap
 intervals:
 
 - ``on_umsearch``: the torch schedule on umsearch's runtime over the tuned

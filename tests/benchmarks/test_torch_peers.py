@@ -1,4 +1,4 @@
-"""benchmarks.torch_peers runs torch.distributed.pipelining's own schedules beside umsearch's runtime."""
+"""benchmarks.torch_peers runs torch.distributed.pipelining's own schedules beside umsearch's plans (PlanSchedule)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""Measuring contenders on the machine: umsearch's runtime for plans, torch's own runtime for torch schedules.
+"""Measuring contenders on the machine: one runtime, torch's ``PipelineStage``s, two kinds of schedule.
+
+A plan runs through :class:`~umsearch.pipelining.PlanSchedule` (umsearch's
+executor driving torch's stage objects), a torch schedule through its own
+class; contenders that cut and place the model alike share the very same
+stage objects (and model) in a rank, so "a plan against a torch schedule"
+differs in the schedule only, not in the runtime or the stages.
 
 One launch runs every contender in the same rank processes: after warm-up,
 each round runs every contender once, in an order rotated by one every round
@@ -7,7 +13,7 @@ first or last and a machine that drifts moves all of them alike. The time of
 an iteration is the same for both runtimes: from a barrier to the end of the
 optimizer step, the slowest rank's (as ``benchmarks/torch_peers.py`` times
 them). A plan on umsearch's runtime also brings back every action's times,
-which the refit needs; torch's runtime gives no per-action times.
+which the refit needs; torch's schedules give no per-action times.
 
 The measurement is a function (:data:`MeasureFn`), so that the tune loop's
 decisions can be tested with a stand-in for the machine.
@@ -15,6 +21,7 @@ decisions can be tested with a stand-in for the machine.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,62 +62,110 @@ MeasureFn = Callable[[Sequence[Entry], int], list[Measured]]
 """``measure(entries, rounds)``: every entry measured ``rounds`` times, in entry order."""
 
 
-def _torch_runner(plan: Plan, rank: int, model: Any, name: str) -> tuple[Any, Any, bool, bool]:
-    """(schedule, optimizer, holds stage 0, holds the last stage) of torch's runtime for ``plan``."""
-    import torch
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
+class _Shared:
+    """This rank's stage objects per partition: one model, its stage modules and torch ``PipelineStage``s for
+    every contender that cuts and places the model alike (torch's schedule and ``PlanSchedule`` share them),
+    and the executor's links per set of links (process groups are collective to create: made once)."""
 
-    from umsearch.runtime.factory import stage_module
+    def __init__(self, rank: int, factory: ModelFactory, cfg: RunConfig) -> None:
+        from umsearch.runtime.launch import local_rank_device
 
-    mine = plan.stages_of(rank)
-    mods = [stage_module(model, plan.stages[j].lo, plan.stages[j].hi) for j in mine]
-    stages = [PipelineStage(m, j, plan.num_stages, torch.device("cpu")) for j, m in zip(mine, mods, strict=True)]
-    cls = get_schedule_class(name)
-    multi = issubclass(cls, PipelineScheduleMulti)
-    sched = cls(stages if multi else stages[0], len(plan.stages[0].forward), loss_fn=model.loss)
-    params = [p for m in mods for p in m.parameters()]
-    return sched, torch.optim.SGD(params, lr=1e-3), 0 in mine, plan.num_stages - 1 in mine
+        self.rank, self.factory, self.cfg = rank, factory, cfg
+        self.device = local_rank_device(cfg.launch.backend)
+        self.parts: dict[tuple[Any, ...], tuple[Any, list[Any], list[Any]]] = {}
+        self.comms: dict[Any, Any] = {}
+
+    def stages(self, plan: Plan, torch_schedule: bool) -> tuple[Any, list[Any], list[Any]]:
+        """(model, stage modules, PipelineStages) of this rank's stages of ``plan``.
+
+        torch's stages keep the buffers of the microbatch shape they first ran, so torch's schedules share
+        stage objects only with the same microbatches; ``PlanSchedule`` never uses those buffers and takes
+        the stage objects of any contender cut and placed alike (made first, see :func:`mixed_worker`).
+        """
+        from torch.distributed.pipelining import PipelineStage
+
+        from umsearch.runtime.factory import stage_module
+
+        cut = (plan.num_stages, tuple((st.lo, st.hi, st.rank) for st in plan.stages))
+        key = (cut, plan.stages[0].forward if torch_schedule else None)
+        if not torch_schedule:
+            key = next((k for k in self.parts if k[0] == cut), key)
+        if key not in self.parts:
+            model = self.factory()
+            mine = plan.stages_of(self.rank)
+            mods = [stage_module(model, plan.stages[j].lo, plan.stages[j].hi).to(self.device) for j in mine]
+            stages = [PipelineStage(m, j, plan.num_stages, self.device) for j, m in zip(mine, mods, strict=True)]
+            self.parts[key] = (model, mods, stages)
+        return self.parts[key]
+
+    def comm(self, plan: Plan) -> Any:
+        """The executor's links for ``plan`` (shared by plans with the same links)."""
+        from umsearch.runtime.comm import plan_links
+        from umsearch.runtime.plan_schedule import stage_comm
+
+        key = plan_links(plan)
+        if key not in self.comms:
+            self.comms[key] = stage_comm(plan, None, self.device)
+        return self.comms[key]
 
 
-class _TorchJob:
-    """torch's runtime on one peer plan in this rank."""
+class _ScheduleJob:
+    """One contender on torch's ``PipelineStage``s in this rank: the plan through ``PlanSchedule`` (umsearch),
+    or torch's schedule class on the peer plan's partition and microbatch count (torch). Both time an
+    iteration alike: from a barrier to the end of the optimizer step."""
 
-    def __init__(self, rank: int, plan: Plan, schedule: str, factory: ModelFactory, cfg: RunConfig) -> None:
-        self.model, self.cfg, self.batch = factory(), cfg, plan.global_batch
-        self.sched, self.opt, self.first, self.last = _torch_runner(plan, rank, self.model, schedule)
+    def __init__(self, plan: Plan, schedule: str | None, shared: _Shared) -> None:
+        import torch
+        from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
-    def step(self, step: int) -> float:
+        from umsearch.runtime.plan_schedule import PlanSchedule
+
+        self.plan, self.cfg = plan, shared.cfg
+        self.model, mods, stages = shared.stages(plan, schedule is not None)
+        mine = plan.stages_of(shared.rank)
+        self.first, self.last = 0 in mine, plan.num_stages - 1 in mine
+        if schedule is None:
+            self.sched: Any = PlanSchedule(stages, plan, self.model.loss, precision=shared.cfg.precision,
+                                           comm=shared.comm(plan) if plan.ranks > 1 else None)  # fmt: skip
+        else:
+            cls = get_schedule_class(schedule)
+            multi = issubclass(cls, PipelineScheduleMulti)
+            self.sched = cls(stages if multi else stages[0], len(plan.stages[0].forward), loss_fn=self.model.loss)
+        self.opt = torch.optim.SGD([p for m in mods for p in m.parameters()], lr=shared.cfg.lr)
+
+    def step(self, step: int) -> Any:
+        """Iteration ``step`` (its batch fixed by the run's seed): PlanSchedule's stats with the wall time as
+        ``step_ms`` (umsearch), or the wall time in ms (torch)."""
         import torch
         import torch.distributed as dist
 
-        x, y = self.model.make_batch(self.batch, torch.Generator().manual_seed(self.cfg.batch_seed(step)))
+        from umsearch.runtime.plan_schedule import PlanSchedule
+
+        x, y = self.model.make_batch(self.plan.global_batch,
+                                     torch.Generator().manual_seed(self.cfg.batch_seed(step)))  # fmt: skip
         self.opt.zero_grad(set_to_none=True)
         dist.barrier()
         t0 = time.perf_counter()
         self.sched.step(*((x,) if self.first else ()), target=y if self.last else None,
                         losses=[] if self.last else None)  # fmt: skip
         self.opt.step()
-        return (time.perf_counter() - t0) * 1e3
+        ms = (time.perf_counter() - t0) * 1e3
+        if isinstance(self.sched, PlanSchedule):
+            assert self.sched.stats is not None
+            return dataclasses.replace(self.sched.stats, step_ms=ms)
+        return ms
 
 
 def mixed_worker(rank: int, world: int, jobs: Sequence[tuple[str, dict[str, Any], str | None]], factory: ModelFactory,
                  cfg: RunConfig, rounds: int) -> list[list[Any]]:  # fmt: skip
     """Launch target: per round, per job (job order), this rank's stats (umsearch) or wall ms (torch).
 
-    Every job runs ``cfg.warmup_steps`` unmeasured iterations first.
+    Every job runs ``cfg.warmup_steps`` unmeasured iterations first. A data-parallel plan (which
+    ``PlanSchedule`` does not run) runs on umsearch's own launcher session instead.
     """
     from umsearch.runtime.fidelity import rotation
-    from umsearch.runtime.worker import RankSession
 
-    comms: dict[Any, Any] = {}
-    runners: list[Any] = []
-    for kind, plan_json, schedule in jobs:
-        if kind == "umsearch":
-            runners.append(RankSession(rank, world, plan_json, factory, cfg, comms))
-        else:
-            assert schedule is not None
-            runners.append(_TorchJob(rank, plan_from_json(plan_json), schedule, factory, cfg))
+    runners = make_runners(rank, world, jobs, factory, cfg)
     for runner in runners:
         for step in range(cfg.warmup_steps):
             runner.step(step)
@@ -121,6 +176,26 @@ def mixed_worker(rank: int, world: int, jobs: Sequence[tuple[str, dict[str, Any]
             measured[j] = runners[j].step(cfg.warmup_steps + r)
         out.append(measured)
     return out
+
+
+def make_runners(rank: int, world: int, jobs: Sequence[tuple[str, dict[str, Any], str | None]], factory: ModelFactory,
+                 cfg: RunConfig) -> list[Any]:  # fmt: skip
+    """This rank's runner of every job (job order), each with ``step(step)``; collective (every rank makes
+    the same groups in the same order)."""
+    from umsearch.runtime.worker import RankSession
+
+    shared = _Shared(rank, factory, cfg)
+    runners: list[Any] = [None] * len(jobs)
+    # torch's jobs first, so that a plan cut like a torch schedule's runs on that schedule's very stage objects.
+    for i in sorted(range(len(jobs)), key=lambda i: jobs[i][0] != "torch"):
+        kind, plan_json, schedule = jobs[i]
+        plan = plan_from_json(plan_json)
+        if kind == "umsearch" and plan.data_parallel > 1:
+            runners[i] = RankSession(rank, world, plan_json, factory, cfg, shared.comms)
+        else:
+            assert (kind == "torch") == (schedule is not None)
+            runners[i] = _ScheduleJob(plan, schedule, shared)
+    return runners
 
 
 def machine(factory: ModelFactory, cfg: RunConfig) -> MeasureFn:

@@ -5,13 +5,15 @@ One round of the loop:
 1. **propose**: search on the current (calibrated) profile; take the K best
    distinct plans (different cuts, placement or lists, not a reordering of a
    few actions) and every torch schedule at its best microbatch count and
-   partition (torch's runtime runs those); the previous round's measured
-   fastest contender defends its place;
-2. **measure** them all on the machine in rotated rounds (umsearch's runtime
-   for every plan, torch's own runtime for the peers;
-   :mod:`umsearch.orchestrate.contenders`);
-3. **refit** the calibration on everything that ran on umsearch's runtime so
-   far (torch's runtime gives no per-action times: its medians are compared
+   partition (torch's schedule classes run those), and the predicted-fastest
+   peer's own plan once more through ``PlanSchedule``; the previous round's
+   measured fastest contender defends its place;
+2. **measure** them all on the machine in rotated rounds, every contender on
+   torch's ``PipelineStage`` objects (shared where partitions agree): a plan
+   through umsearch's ``PlanSchedule``, a peer through torch's own schedule
+   class (:mod:`umsearch.orchestrate.contenders`);
+3. **refit** the calibration on everything that ran through ``PlanSchedule`` so
+   far (torch's schedules give no per-action times: their medians are compared
    against, never fitted), and predict every contender again.
 
 It stops when the same contender measured fastest in two consecutive rounds,
@@ -125,7 +127,7 @@ class ContenderResult:
 
     @property
     def iteration_ms(self) -> float | None:
-        """Median measured iteration (latest action end), umsearch's runtime only."""
+        """Median measured iteration (latest action end), PlanSchedule contenders only."""
         steps = self.measured.steps
         return statistics.median(s.iteration_ms for s in steps) if steps else None
 
@@ -147,7 +149,7 @@ class RoundResult:
     index: int
     contenders: tuple[ContenderResult, ...]
     refit: dict[str, Any] | None
-    """The refit's report (None when nothing ran on umsearch's runtime)."""
+    """The refit's report (None when nothing ran through PlanSchedule)."""
     wall_s: float
 
     @property
@@ -162,7 +164,7 @@ class TuneResult:
 
     rounds: tuple[RoundResult, ...]
     profile: Profile
-    """The profile refitted on everything measured on umsearch's runtime."""
+    """The profile refitted on everything measured through PlanSchedule."""
     stopped: str
     """Why the loop ended."""
     interrupted: bool
@@ -242,7 +244,7 @@ class _Loop:
                 self.fitted.append(measured_plan(f"round {index + 1}: {c.name}", c.plan, self.base, m.steps))
         if not self.fitted:
             return None
-        how = {"source": "umsearch tune: the contenders that ran on umsearch's runtime, every round so far",
+        how = {"source": "umsearch tune: the contenders that ran through PlanSchedule, every round so far",
                "measure_rounds": self.cfg.measure_rounds}  # fmt: skip
         self.current, report = fit_report(self.base, self.fitted, scales=self.cfg.scales, how=how)
         return report
@@ -332,9 +334,13 @@ def search_proposer(space: Any, k: int) -> ProposeFn:
                     search=dataclasses.replace(space.search, time_budget_s=space.search.time_budget_s / len(structs)))
                 pool += [(s.iteration_ms, s.plan) for s in run_search(sub, profile).pareto]
         plans = [Candidate(name=f"plan {i + 1}", plan=p, runtime="umsearch") for i, p in enumerate(distinct(pool, k))]
-        peers = [Candidate(name=f"torch {n}", plan=b.plan, runtime="torch", schedule=n)
-                 for n, b in result.baselines.items() if n in PEER_SCHEDULES and b is not None]  # fmt: skip
-        return plans + peers
+        baselines = {n: b for n, b in result.baselines.items() if n in PEER_SCHEDULES and b is not None}
+        peers = [Candidate(name=f"torch {n}", plan=b.plan, runtime="torch", schedule=n) for n, b in baselines.items()]
+        # The predicted-fastest peer's own plan through PlanSchedule: the model's ratio is checked on the runtime
+        # it describes (tune_output.model_check); torch's class on the same stages is compared against.
+        own = [Candidate(name=f"{n} via PlanSchedule", plan=b.plan, runtime="umsearch")
+               for n, b in sorted(baselines.items(), key=lambda nb: nb[1].iteration_ms)[:1]]  # fmt: skip
+        return plans + own + peers
 
     return propose
 

@@ -34,9 +34,25 @@ def paired_ratio(a: ContenderResult, b: ContenderResult) -> dict[str, Any]:
 
 
 def best_torch(contenders: tuple[ContenderResult, ...]) -> ContenderResult | None:
-    """The torch schedule that measured fastest on torch's runtime (None: no peer ran)."""
+    """The torch schedule (its own class) that measured fastest (None: no peer ran)."""
     peers = [c for c in contenders if c.candidate.runtime == "torch"]
     return min(peers, key=lambda c: c.median_ms) if peers else None
+
+
+def model_check(contenders: tuple[ContenderResult, ...], winner: ContenderResult) -> dict[str, Any] | None:
+    """The model judged on the runtime it describes: the best torch schedule's own plan through PlanSchedule
+    against the winner, measured (paired ratio) and predicted (None where either did not run there)."""
+    peer = best_torch(contenders)
+    if peer is None or winner.candidate.runtime != "umsearch":
+        return None
+    own = next((c for c in contenders if c.candidate.runtime == "umsearch" and c is not winner
+                and c.candidate.plan == peer.candidate.plan), None)  # fmt: skip
+    if own is None:
+        return None
+    predicted = (own.predicted_after_ms / winner.predicted_after_ms
+                 if own.predicted_after_ms and winner.predicted_after_ms else None)  # fmt: skip
+    return {"peer_plan": own.candidate.name, "measured_ratio_over_winner": paired_ratio(own, winner),
+            "predicted_ratio_over_winner": predicted}
 
 
 def verdict(result: TuneResult) -> str:
@@ -48,15 +64,15 @@ def verdict(result: TuneResult) -> str:
     lo, hi = w.ci95_ms
     text = f"{w.candidate.name} measured fastest: {w.median_ms:.2f} ms [{lo:.2f}, {hi:.2f}] (95% interval)"
     if w.candidate.runtime == "torch":
-        return (text + f" on torch's own runtime: torch's schedule {w.candidate.schedule} is as good as or better "
+        return (text + f" with torch's own schedule class: torch's schedule {w.candidate.schedule} is as good as or better "
                 "than every plan umsearch found here; plan.json is that schedule, exported for torchtitan "
                 "(torchtitan.toml) and torch's CSV (schedule.csv)")  # fmt: skip
     peer = best_torch(last)
     if peer is None:
-        return text + " on umsearch's runtime (no torch schedule ran)"
+        return text + " through PlanSchedule (no torch schedule ran)"
     r = paired_ratio(peer, w)
-    return (text + f" on umsearch's runtime; the best torch schedule on torch's runtime, {peer.candidate.schedule}, "
-            f"took {r['median']:.3f}x as long [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]")  # fmt: skip
+    return (text + f" through PlanSchedule; the best torch schedule class on the same kind of PipelineStages, "
+            f"{peer.candidate.schedule}, took {r['median']:.3f}x as long [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]")  # fmt: skip
 
 
 def document(result: TuneResult, meta: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +91,8 @@ def document(result: TuneResult, meta: dict[str, Any]) -> dict[str, Any]:
                       "measured_ci95_ms": list(peer.ci95_ms), "predicted_ms": peer.predicted_after_ms,
                       "measured_ratio_over_winner": paired_ratio(peer, w),
                       "predicted_ratio_over_winner": (peer.predicted_after_ms / w.predicted_after_ms
-                                                      if peer.predicted_after_ms and w.predicted_after_ms else None)}}  # fmt: skip
+                                                      if peer.predicted_after_ms and w.predicted_after_ms else None)},
+                  "model_check": model_check(result.rounds[-1].contenders, w)}  # fmt: skip
     calibration = result.profile.runtime.calibration or {}
     return {"schema": SCHEMA, **meta, "stopped": result.stopped, "interrupted": result.interrupted,
             "wall_s": result.wall_s, "verdict": verdict(result), "winner": winner,
@@ -100,12 +117,19 @@ def report_md(result: TuneResult, meta: dict[str, Any]) -> str:
              f"({result.wall_s / 60:.1f} min)."]  # fmt: skip
     held = (result.profile.runtime.calibration or {}).get("held_out_mape_percent")
     if held is not None:
-        lines += ["", f"Held-out error of the refitted model: {held:.1f}% (each plan measured on umsearch's runtime "
+        lines += ["", f"Held-out error of the refitted model: {held:.1f}% (each plan measured through PlanSchedule "
                       "predicted by a fit of the others): expect about that error on a prediction."]  # fmt: skip
     lines += ["", "Measured: barrier to the end of the optimizer step, slowest rank, median of the rotated rounds "
               "with a bootstrap 95% interval. Predicted: the simulator under the profile the round searched on "
-              "(before) and refitted on what ran on umsearch's runtime (after); torch's runtime is compared "
-              "against, never fitted."]  # fmt: skip
+              "(before) and refitted on what ran through PlanSchedule (after); torch's schedule classes are compared "
+              "against, never fitted. Every contender ran on torch's PipelineStage objects in the same processes."]  # fmt: skip
+    check = model_check(result.rounds[-1].contenders, result.winner) if result.winner is not None else None
+    if check is not None:
+        r = check["measured_ratio_over_winner"]
+        pred = check["predicted_ratio_over_winner"]
+        lines += ["", f"Model check on the runtime it describes: {check['peer_plan']} took {r['median']:.3f}x the "
+                      f"winner's time [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]; predicted "
+                      f"{'-' if pred is None else f'{pred:.3f}x'}."]  # fmt: skip
     for r in result.rounds:
         lines += ["", f"## Round {r.index + 1}", "",
                   "| contender | runtime | predicted before ms | predicted after ms | measured ms | 95% interval |",
@@ -135,7 +159,7 @@ def fill(stage: Path, result: TuneResult, meta: dict[str, Any], layer_names: lis
     lo, hi = w.ci95_ms
     from umsearch.core.cost import CostModel
 
-    runtime = "torch's own runtime" if w.candidate.runtime == "torch" else "umsearch's runtime"
+    runtime = "torch's own schedule class" if w.candidate.runtime == "torch" else "PlanSchedule"
     meta_doc: dict[str, Any] = {
         "profile": "profile.json", "profile_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "state_factor": meta.get("state_factor", 4.0), "seed": meta.get("seed"),
