@@ -16,8 +16,14 @@ gloo, one thread per rank, B = :data:`BATCH`):
    whose intervals do not overlap, and every contender's drift between the
    first and second half of its rounds.
 
-It writes ``results/bench/tune.json`` (``--quick``: ``tune_quick.json``, one
-small model, few rounds: it proves the pipeline runs, it measures no target).
+It writes ``results/bench/tune.json`` (``--name pipelining``:
+``pipelining.json``; ``--quick``: ``NAME_quick.json``, one small model, few
+rounds: it proves the pipeline runs, it measures no target). Every contender
+runs on torch's ``PipelineStage`` objects: the plans through ``PlanSchedule``,
+the torch schedules through their own classes; the summary adds the tuned plan
+against every torch schedule and the model check (the best torch schedule's
+own plan through ``PlanSchedule`` against the tuned plan, predicted and
+measured).
 Every figure in it was measured in that run; nothing is estimated.
 """
 
@@ -42,6 +48,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "vgg16": {"source": "vgg16", "args": {"image": 32, "width": 8}},
     "mlp": {"source": "mlp", "args": {"width": 1024, "layers": 8}},
     "hybrid": {"source": "hybrid", "args": {"stem": 4, "blocks": 4, "channels": 32, "width": 128}},
+    "hf_gpt2": {"source": "examples.hf_gpt2:build",
+                "args": {"layers": 6, "width": 192, "heads": 4, "seq": 64, "vocab": 2048}},
 }
 BATCH = 32
 SEED = 0
@@ -67,9 +75,14 @@ def separated_tau(predicted: list[float], measured: list[float], intervals: list
     return (conc - disc) / (conc + disc) if conc + disc else None
 
 
+def _ratio(r: dict[str, Any]) -> dict[str, Any]:
+    lo, hi = r["ci95"]
+    return {"measured_ratio": r["median"], "measured_ratio_ci95": [lo, hi], "interval_above_1": lo > 1.0}
+
+
 def summary(result: Any) -> dict[str, Any]:
     """The figures of the issue's 'done when', from the loop's last round."""
-    from umsearch.orchestrate.tune_output import best_torch, paired_ratio
+    from umsearch.orchestrate.tune_output import best_torch, model_check, paired_ratio
 
     last = result.rounds[-1].contenders
     w = result.winner
@@ -86,6 +99,16 @@ def summary(result: Any) -> dict[str, Any]:
                    interval_half_width_points=100 * (hi - lo) / 2, interval_above_1=lo > 1.0)  # fmt: skip
     elif peer is w:
         out["note"] = "a torch schedule measured fastest: torch's schedule is as good here"
+    if w.candidate.runtime == "umsearch":
+        # The tuned plan against every torch schedule class, all on the same kind of PipelineStages.
+        out["every_torch"] = {c.candidate.schedule: _ratio(paired_ratio(c, w)) for c in last
+                              if c.candidate.runtime == "torch"}  # fmt: skip
+        check = model_check(last, w)
+        if check is not None:
+            r, pred = check["measured_ratio_over_winner"], check["predicted_ratio_over_winner"]
+            out["model_check"] = {"peer_plan": check["peer_plan"], **_ratio(r), "predicted_ratio": pred,
+                                  "predicted_inside_interval": None if pred is None else
+                                  r["ci95"][0] <= pred <= r["ci95"][1]}  # fmt: skip
     ok = [c for c in last if c.predicted_after_ms is not None]
     out["kendall_tau_separated_pairs"] = separated_tau([c.predicted_after_ms or 0.0 for c in ok],
                                                        [c.median_ms for c in ok], [c.ci95_ms for c in ok])
@@ -136,6 +159,7 @@ def _print(name: str, s: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.tune", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results/bench", help="output folder")
+    ap.add_argument("--name", default="tune", help="the JSON's name in --out (pipelining: results/bench/pipelining.json)")
     ap.add_argument("--models", default=None, help="comma-separated names from MODELS (default: all; --quick: gpt)")
     ap.add_argument("--quick", action="store_true", help="one small model, few rounds: proves it runs, measures "
                                                          "no target; writes tune_quick.json")  # fmt: skip
@@ -156,8 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     doc: dict[str, Any] = {"schema": SCHEMA, "command": "python -m benchmarks.tune " + " ".join(argv or sys.argv[1:]),
                            "quick": a.quick, "environment": environment(), "threads_per_rank": 1, "backend": "gloo",
-                           "settings": vars(a), "models": {}}  # fmt: skip
-    out = Path(a.out) / ("tune_quick.json" if a.quick else "tune.json")
+                           "settings": vars(a), "models": {},
+                           "runtime": "every contender on torch's PipelineStage objects in the same processes: plans "
+                                      "through umsearch.pipelining.PlanSchedule, torch schedules through their own "
+                                      "classes (umsearch.orchestrate.contenders)"}  # fmt: skip
+    out = Path(a.out) / (f"{a.name}_quick.json" if a.quick else f"{a.name}.json")
     for name in names:
         spec = MODELS[name]
         with tempfile.TemporaryDirectory(prefix="umsearch-bench-") as tmp:
