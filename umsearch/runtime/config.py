@@ -33,6 +33,35 @@ from umsearch.core.options import (
 )
 from umsearch.core.profile import PRECISIONS
 
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
+"""The optimizers ``--optimizer`` names (:mod:`umsearch.runtime.zero1` builds them)."""
+
+_STATE_FACTORS = {"sgd": 2.0, "adam": 4.0}
+
+
+def state_factor_of(optimizer: str) -> float:
+    """Bytes of training state per parameter byte that ``optimizer`` keeps (docs/model.md section 5):
+    ``sgd`` 2 (weights and gradients), ``adam`` 4 (and its two moments)."""
+    try:
+        return _STATE_FACTORS[optimizer]
+    except KeyError:
+        raise FlagValueError(f"--optimizer takes one of {', '.join(OPTIMIZERS)}, got {optimizer!r}") from None
+
+
+def optimizer_warning(optimizer: str, state_factor: float) -> str | None:
+    """One line when ``optimizer`` keeps another state factor than the plan was planned with (None when
+    they agree): the measured memory will not be the predicted one."""
+    own = state_factor_of(optimizer)
+    if own == state_factor:
+        return None
+    return (f"--optimizer {optimizer} keeps {own:g} bytes of state per parameter byte but the plan's memory "
+            f"was predicted with state_factor {state_factor:g}: measured memory will differ from the prediction "
+            f"(run with --optimizer {_closest(state_factor)}, or plan with --state-factor {own:g})")
+
+
+def _closest(state_factor: float) -> str:
+    return min(OPTIMIZERS, key=lambda name: abs(_STATE_FACTORS[name] - state_factor))
+
 
 class FlagValueError(UmsearchError):
     """A flag got a value it does not take (the message names the flag and the fix)."""
@@ -111,8 +140,16 @@ class RunConfig:
         kind="int", flag="--seed", parse=int_at_least(0, "--seed"), metavar="N", help="Seed of weights and batches."))  # fmt: skip
     """Seed of the model weights and of the batches (batch i uses seed * 1_000_003 + i)."""
     lr: float = field(default=0.01, metadata=option(
-        kind="float", flag="--lr", parse=_nonnegative_float("--lr"), show=repr, metavar="RATE", help="SGD learning rate."))  # fmt: skip
-    """SGD learning rate."""
+        kind="float", flag="--lr", parse=_nonnegative_float("--lr"), show=repr, metavar="RATE",
+        help="Learning rate of the optimizer (--optimizer)."))  # fmt: skip
+    """Learning rate of :attr:`optimizer`."""
+    optimizer: str = field(default="sgd", metadata=option(
+        kind="choice", choices=OPTIMIZERS, flag="--optimizer", parse=one_of("--optimizer", OPTIMIZERS),
+        metavar="[sgd|adam]",
+        help="sgd: plain SGD (weights and gradients, state factor 2); adam: torch's Adam (two moments more, "
+             "state factor 4; a zero1 plan shards them over the replicas)."))  # fmt: skip
+    """The optimizer every rank steps (:data:`OPTIMIZERS`): ``sgd`` (no state of its own) or ``adam``
+    (torch's defaults but the learning rate); what it holds per parameter byte is :func:`state_factor_of`."""
     check: bool = True
     """Refuse, before running, a plan that deadlocks or does not fit the model (in the launching
     process and again in every rank). Off only to test the runtime's own failure handling."""

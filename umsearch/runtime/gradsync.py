@@ -9,6 +9,10 @@ soon as the rank's last ``B``/``W`` of that stage has ended, so the all-reduce o
 the rank's backward; :meth:`GradSync.finish` waits for them all before the optimizer steps. Every
 copy of a rank runs the same action list, so every copy issues the same all-reduces in the same order,
 as collectives require.
+
+Under ``zero1`` the all-reduce is the same (every copy keeps the whole gradients, as docs/model.md section 9
+counts them); only the optimizer differs: each copy steps its shard of the states, then the copies
+all-gather the updated weights over this same group (:mod:`umsearch.runtime.zero1`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ replica's pipeline rank, and which samples each replica trains on.
 
 A plan with ``data_parallel = D`` runs on ``R * D`` processes: world rank ``w`` is the device of
 (replica ``d``, pipeline rank ``r``) under the plan's layout (:func:`umsearch.core.cluster.device`).
-Replica ``d`` trains on samples ``[d * B/D, (d+1) * B/D)`` of the global batch. No torch here: the
-launcher and the CLI ask it before anything is built.
+Replica ``d`` trains on samples ``[d * B/D, (d+1) * B/D)`` of the global batch; under ``zero1`` its copy
+of a stage (rank ``d`` of the stage's copies) also steps shard ``d`` of the stage's optimizer states. No
+torch here: the launcher and the CLI ask it before anything is built.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from umsearch.core.cluster import device
-from umsearch.core.errors import PlanError, RuntimeExecutionError
+from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
 
 
@@ -68,12 +69,7 @@ def check_world(plan: Plan, started: int) -> None:
 
 
 def check_runnable(plan: Plan) -> None:
-    """Refuse what the runtime does not implement: sharded optimizer states (``zero1``)."""
-    if plan.zero1:
-        raise PlanError(
-            "the plan has zero1 = true (optimizer states sharded over the replicas), which umsearch run does "
-            "not implement; set \"zero1\": false in the plan to run it with whole optimizer states on every "
-            "device (same gradients and timing, more memory), or search without zero1"
-        )
-
-
+    """Refuse what the runtime does not implement. Nothing today: a ``zero1`` plan runs with its
+    optimizer states sharded over the replicas (:mod:`umsearch.runtime.zero1`). Kept so that every
+    entry (``umsearch run``, the torchrun entry point, every rank) checks in one place."""
+    del plan

@@ -2,7 +2,8 @@
 
 A data-parallel plan runs on ``R x D`` processes: each finds its replica and pipeline rank from its
 world rank (:mod:`umsearch.runtime.placement`), trains on its replica's samples of every batch and
-all-reduces its stages' gradients with their copies.
+all-reduces its stages' gradients with their copies. The optimizer is ``cfg.optimizer``'s; under a
+``zero1`` plan its states are sharded over the copies (:mod:`umsearch.runtime.zero1`).
 
 The torchrun entry point that calls it lives in :mod:`umsearch.runtime.torchrun`;
 :func:`umsearch.runtime.fidelity.rounds_worker` runs several plans in one
@@ -29,6 +30,7 @@ from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import local_rank_device
 from umsearch.runtime.placement import Placement, check_runnable, check_world, replica_worlds
 from umsearch.runtime.preflight import rank_preflight
+from umsearch.runtime.zero1 import make_optimizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,9 +79,10 @@ class RankSession:
             rank_preflight(plan, self.model)
         self.modules = [stage_module(self.model, plan.stages[j].lo, plan.stages[j].hi).to(device)
                         for j in plan.stages_of(rank)]  # fmt: skip
-        params = [p for m in self.modules for p in m.parameters()]
-        optimizer = torch.optim.SGD(params, lr=cfg.lr) if params else None
         comm, grad_sync = self._groups(plan, world_rank, device, comms if comms is not None else {})
+        optimizer = make_optimizer(cfg.optimizer, cfg.lr, [list(m.parameters()) for m in self.modules],
+                                   zero1=plan.zero1, group=grad_sync.group if grad_sync is not None else None,
+                                   copies=plan.data_parallel, shard=self.placement.replica)  # fmt: skip
         self.executor = StageExecutor(plan, rank, self.modules, self.model.loss, comm, optimizer=optimizer,
                                       device=device, precision=precision, grad_sync=grad_sync)  # fmt: skip
 
