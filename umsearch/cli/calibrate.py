@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from umsearch.cli.console import console, write_output
 from umsearch.cli.progress import Reporter, progress_option
-from umsearch.core.errors import ModelSpecError, ProfilingError
+from umsearch.core.errors import ModelSpecError, ProfilingError, RuntimeExecutionError
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.outputs import check_output_file
 from umsearch.core.profile import Profile, load_profile, save_profile
@@ -34,6 +34,9 @@ def _spec(profile: Profile, path: str, model: str | None, args: tuple[str, ...],
 
 def print_report(report: dict[str, Any]) -> None:
     """The fitted terms, every probe predicted bare, calibrated and held out, and the errors."""
+    if report.get("judged") == "busy_ms":
+        _print_replay_report(report)
+        return
     scale = report["stage_scale"] or report["ranges"]
     console.print(f"op overhead [bold]{report['op_overhead_ms']:.4f} ms[/] per action, message overhead "
                   f"[bold]{report['message_overhead_ms']:.4f} ms[/] + "
@@ -53,6 +56,29 @@ def print_report(report: dict[str, Any]) -> None:
                      if held_out is not None else "no held-out error[/] (one probe only)"))  # fmt: skip
 
 
+def _print_replay_report(report: dict[str, Any]) -> None:
+    """:func:`print_report` of ``calibrate --replay``: the compute terms fitted, the message terms and links
+    kept, every probe's busy time (all ranks summed) predicted bare, calibrated and held out."""
+    scale = report["stage_scale"] or report["ranges"]
+    console.print(f"op overhead [bold]{report['op_overhead_ms']:.4f} ms[/] per action; {report['scales']} "
+                  f"{escape(json.dumps(scale)) if scale else '(none)'} (rms residual "
+                  f"{report['rms_residual_ms']:.4f} ms over {report['actions']} replayed actions and "
+                  f"{report['range_rows']} profiled ranges; every rank replayed alone on {escape(report['device'])})")  # fmt: skip
+    console.print(f"kept from the profile, not fitted (a replayed rank posts and waits for no message): message "
+                  f"overhead {report['message_overhead_ms']:.4f} ms + {report['message_overhead_ms_per_mib']:.4f} "
+                  "ms/MiB per cross-rank message, and the links")  # fmt: skip
+    for r in report["probe_rows"]:
+        held = r["predicted_held_out_ms"]
+        console.print(f"  {escape(r['probe']):24s} busy {r['measured_ms']:8.2f} ms  predicted "
+                      f"{r['predicted_bare_ms']:8.2f} -> {r['predicted_ms']:8.2f} ms"
+                      + (f", held out {held:8.2f} ms" if held is not None else ""))  # fmt: skip
+    held_out = report["held_out_mape_percent"]
+    console.print(f"busy-time error of the replayed probes (every rank's actions summed): "
+                  f"{report['mape_percent_bare']:.1f}% uncalibrated, {report['mape_percent']:.1f}% in-sample, [bold]"
+                  + (f"{held_out:.1f}%[/] held out (each probe predicted by a fit of the others)"
+                     if held_out is not None else "no held-out error[/] (one probe only)"))  # fmt: skip
+
+
 @click.command("calibrate")
 @click.argument("profile_path", metavar="PROFILE.json", type=click.Path(dir_okay=False))
 @click.option("--model", default=None, help="Model to run (default: the profile's model_spec).")
@@ -68,23 +94,35 @@ def print_report(report: dict[str, Any]) -> None:
 @click.option("--scales", type=click.Choice(["stage_scale", "ranges", "none"]), default="stage_scale",
               show_default=True, help="How layers run together in a stage are fitted: s(k) by layer count, one "
               "scale per measured range, or not at all.")  # fmt: skip
+@click.option("--replay", is_flag=True,
+              help="Replay every probe rank alone on one device (umsearch replay) instead of running the ranks "
+              "together: fits op overhead and the scales only, keeps the profile's message terms and links.")  # fmt: skip
+@click.option("--device", default=None, metavar="cpu|cuda[:N]",
+              help="With --replay: where the ranks run [default: the profile's device type].")  # fmt: skip
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Write the calibrated profile here (default: replace PROFILE.json, atomically).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration report as JSON.")
 @progress_option
 def calibrate_command(profile_path: str, model: str | None, model_args: tuple[str, ...], trust_model_code: bool,
-                      rounds: int, ranks: int, batch: int, threads: int, scales: str, out: str | None,
-                      as_json: bool, progress: str) -> None:  # fmt: skip
+                      rounds: int, ranks: int, batch: int, threads: int, scales: str, replay: bool, device: str | None,
+                      out: str | None, as_json: bool, progress: str) -> None:  # fmt: skip
     """Run a few probe plans for real and fit the runtime's own costs into PROFILE.json (docs/model.md 7)."""
     from umsearch.orchestrate.calibration import calibrate, require_this_machine
     from umsearch.runtime.factory import spec_factory
 
+    if device is not None and not replay:
+        raise RuntimeExecutionError(f"--device {device} places replayed ranks; the probes of calibrate run as CPU "
+                                    "processes: add --replay, or drop --device")  # fmt: skip
     target = profile_path if out is None else out
     check_output_file(target, "--out")  # before the probes run: a bad path is refused, a device never replaced
     profile = load_profile(profile_path)
     if model_args and model is None:
         raise ModelSpecError("--arg needs --model: it is an argument of the model you name")
     spec = _spec(profile, profile_path, model, model_args, trust_model_code)
+    if replay:
+        _calibrate_replay(profile, spec, target, device=device, rounds=rounds, ranks=ranks, batch=batch,
+                          threads=threads, scales=scales, as_json=as_json, progress=progress)  # fmt: skip
+        return
     require_this_machine(profile, "calibrate")  # as calibrate does, but before a progress line: one line if refused
     # One step: the probes run in one launch and report nothing until it ends (no per-round hook).
     with Reporter(progress, "calibrate", quiet=as_json) as shown:
@@ -92,6 +130,45 @@ def calibrate_command(profile_path: str, model: str | None, model_args: tuple[st
         calibrated, report = calibrate(profile, spec_factory(spec, 0), rounds=rounds, ranks=ranks, batch=batch,
                                        threads=threads, scales=scales)  # type: ignore[arg-type]  # fmt: skip
         shown.update(1, 1, f"ran {len(report['probe_rows'])} probe plans and fitted the runtime's costs")
+    write_output(target, "--out", lambda p: save_profile(calibrated, p))
+    if as_json:
+        click.echo(json.dumps({**report, "profile": str(Path(target))}))
+        return
+    print_report(report)
+    console.print("wrote " + escape(str(target)))
+
+
+def _calibrate_replay(profile: Profile, spec: ModelSpec, target: str, *, device: str | None, rounds: int, ranks: int,
+                      batch: int, threads: int, scales: str, as_json: bool, progress: str) -> None:  # fmt: skip
+    """``calibrate --replay``: every probe rank replayed alone on ``device`` (default: the profile's device
+    type), the compute terms fitted, the profile's message terms and links kept."""
+    from umsearch.orchestrate.calibration import (
+        calibrate_replay,
+        gpu_count,
+        probe_plans,
+        require_this_machine,
+    )
+    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.preflight import profile_device_type
+    from umsearch.runtime.replay import parse_device
+
+    kind = profile_device_type(profile) or "cpu"
+    if device is None and kind == "cuda" and gpu_count() == 0:
+        raise RuntimeExecutionError(f"the profile was measured on {profile.device} and calibrate --replay replays its "
+                                    "ranks on that device type, but torch sees no GPU on this machine: run it where "
+                                    "one GPU is visible (one is enough: the ranks run one at a time)")  # fmt: skip
+    where = parse_device(device if device is not None else kind)
+    require_this_machine(profile, "calibrate --replay", device_type=where.type)  # before a progress line
+    total = len(probe_plans(profile, ranks, batch))
+    with Reporter(progress, "calibrate", quiet=as_json) as shown:
+
+        def on_probe(done: int, _total: int, name: str) -> None:
+            shown.update(done, total, f"replaying every rank of {name} alone on {where}, {rounds} round(s) each")
+
+        calibrated, report = calibrate_replay(profile, spec_factory(spec, 0), rounds=rounds, ranks=ranks, batch=batch,
+                                              threads=threads, scales=scales, device=where,  # type: ignore[arg-type]
+                                              on_probe=on_probe)  # fmt: skip
+        shown.update(total, total, f"replayed {total} probe plans and fitted the compute terms")
     write_output(target, "--out", lambda p: save_profile(calibrated, p))
     if as_json:
         click.echo(json.dumps({**report, "profile": str(Path(target))}))

@@ -174,6 +174,78 @@ def predicted_ms(loaded: LoadedPlan) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def run_state_factor(cfg: RunConfig) -> float:
+    """The state factor of what the run steps: its optimizer's (``--optimizer``), not the plan's."""
+    from umsearch.runtime.config import state_factor_of
+
+    return state_factor_of(cfg.optimizer)
+
+
+def predicted_peaks(loaded: LoadedPlan, cfg: RunConfig) -> tuple[float, ...] | None:
+    """Per pipeline rank, the predicted peak memory (docs/model.md section 5) of what the run steps: the
+    simulator's under the plan's profile with the run's optimizer's state factor, else the plan file's own
+    ``predicted.peak_memory_bytes`` (its own state factor); None when neither says."""
+    if loaded.profile is not None:
+        from umsearch.core.cost import CostModel
+        from umsearch.sim.reference import simulate
+
+        cost = CostModel(loaded.profile, state_factor=run_state_factor(cfg))
+        peaks = simulate(loaded.plan, cost).peak_memory_bytes
+        return None if peaks is None else tuple(float(v) for v in peaks)
+    raw = (loaded.document.predicted or {}).get("peak_memory_bytes")
+    if isinstance(raw, list) and len(raw) == loaded.plan.ranks and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):  # fmt: skip
+        return tuple(float(v) for v in raw)
+    return None
+
+
+def _factor_text(loaded: LoadedPlan, cfg: RunConfig) -> str:
+    if loaded.profile is None:
+        return f"state_factor {loaded.state_factor:g} (the plan file's prediction)"
+    return f"state_factor {run_state_factor(cfg):g} (--optimizer {cfg.optimizer})"
+
+
+def process_devices(plan: Plan, backend: str) -> tuple[list[int], list[Any]]:
+    """Per local process (world rank order) whose device this machine has: its pipeline rank and its
+    memory (:class:`~umsearch.runtime.preflight.DeviceMemory`): under NCCL ``cuda:LOCAL_RANK``'s total
+    memory, under gloo the host's available memory, which every rank shares."""
+    from umsearch.runtime.placement import replica_worlds
+    from umsearch.runtime.preflight import DeviceMemory
+
+    rank_of = [0] * world_size(plan)
+    for worlds in replica_worlds(plan):
+        for r, w in enumerate(worlds):
+            rank_of[w] = r
+    if backend == "nccl":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        ranks, devices = [], []
+        for w, r in enumerate(rank_of[:count]):  # a process without a GPU fails at launch, with its own message
+            props = torch.cuda.get_device_properties(w)
+            ranks.append(r)
+            devices.append(DeviceMemory(name=f"cuda:{w} ({props.name})", bytes=float(props.total_memory)))
+        return ranks, devices
+    import torch
+
+    from umsearch.measure.memory import available_bytes
+
+    host = DeviceMemory(name="this host's available memory", bytes=available_bytes(torch.device("cpu")))
+    return rank_of, [host] * len(rank_of)
+
+
+def check_run_memory(loaded: LoadedPlan, cfg: RunConfig) -> None:
+    """Refuse (one line, :func:`umsearch.runtime.preflight.check_memory`) a plan whose predicted peak on some
+    rank does not fit its device; a plan without a prediction passes."""
+    from umsearch.runtime.preflight import check_memory
+
+    peaks = predicted_peaks(loaded, cfg)
+    if peaks is None:
+        return
+    ranks, devices = process_devices(loaded.plan, cfg.launch.backend)
+    check_memory([peaks[r] for r in ranks], devices, ranks)
+
+
 # ---------------------------------------------------------------------------
 # --print-launch
 # ---------------------------------------------------------------------------
@@ -272,6 +344,8 @@ def _check_cluster_fit(plan: Plan, nnodes: int, per_node: int) -> None:
               help="c10d rendezvous of the --print-launch command (needed for --nnodes > 1).")  # fmt: skip
 @click.option("--node-rank", type=click.IntRange(min=0), default=None,
               help="Node the --print-launch command is for; the line is the same on every node.")  # fmt: skip
+@click.option("--force-memory", is_flag=True,
+              help="Run even when a rank's predicted peak memory exceeds its device's (refused by default).")  # fmt: skip
 @one_line_errors
 def run_command(plan_path: str, **values: Any) -> None:
     """Train PLAN.json's model for a few iterations, one local torchrun process per rank (of every
@@ -299,17 +373,19 @@ def run_command(plan_path: str, **values: Any) -> None:
                                node_rank=extra["node_rank"]))  # fmt: skip
         return
     _run_local(plan_path, loaded, cfg, choice, as_json=extra["as_json"], trace=extra["trace"],
-               progress=extra["progress"])  # fmt: skip
+               progress=extra["progress"], force_memory=extra["force_memory"])  # fmt: skip
 
 
 def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: ModelChoice, *, as_json: bool,
-               trace: str | None, progress: str) -> None:  # fmt: skip
+               trace: str | None, progress: str, force_memory: bool = False) -> None:  # fmt: skip
     from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.preflight import check_layers, count_layers
-    from umsearch.runtime.run_plan import run_document, run_plan_file
+    from umsearch.runtime.run_plan import memory_report, run_document, run_plan_file
 
     spec = loaded.require_model()  # trusted: load_checked said so
     check_layers(loaded.plan, count_layers(spec_factory(spec, cfg.seed)))
+    if not force_memory:
+        check_run_memory(loaded, cfg)
     _warn(run_warnings(loaded, cfg))
     processes = world_size(loaded.plan)
     # One step: torchrun reports nothing until every rank is done (no per-iteration hook in the launcher).
@@ -320,6 +396,8 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
     median = result.median_step(cfg.warmup_steps)
     doc = run_document(result, cfg, meta={"plan": str(plan_path), "model": spec.to_json()})
     doc["predicted_iteration_ms"] = predicted_ms(loaded)
+    doc["memory"] = memory_report(predicted_peaks(loaded, cfg), result.peak_memory_bytes(cfg.warmup_steps),
+                                  ranks=loaded.plan.ranks, state_factor=_factor_text(loaded, cfg))  # fmt: skip
     doc["trace"] = trace
     if trace:
         from umsearch.cli.pictures import write_chrome_trace
@@ -334,6 +412,16 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
         click.echo(json.dumps(doc))
         return
     _print_run(result, cfg.warmup_steps, doc["predicted_iteration_ms"], trace)
+    _print_memory(doc["memory"])
+
+
+def _print_memory(report: dict[str, Any], prefix: str = "") -> None:
+    from rich.markup import escape
+
+    from umsearch.runtime.run_plan import memory_lines
+
+    for line in memory_lines(report):
+        console.print(escape(prefix + line), soft_wrap=True)
 
 
 def _print_run(result: Any, skip: int, predicted: float | None, trace: str | None) -> None:
@@ -377,13 +465,22 @@ _VALIDATE_EXCLUDE = ("steps", "out", "collect_grads")
 @one_line_errors
 def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
     """Run PLAN.json files for real, side by side in one set of processes, against the simulator's prediction."""
-    from umsearch.runtime.fidelity import contender, fidelity_document, measure_contenders
+    from umsearch.runtime.fidelity import (
+        FidelityReport,
+        contender,
+        fidelity_document,
+        fidelity_row,
+        measure_rounds,
+    )
+    from umsearch.runtime.run_plan import measured_peaks, memory_report
 
     cfg, choice, extra = split_values(values)
     out = extra["out_path"]
     if out is not None:
         check_writable(out, "--out", plan_paths)
     contenders = []
+    peaks: list[tuple[float, ...] | None] = []
+    factors: list[str] = []
     other_device: list[str] = []  # plans whose profile was measured on another device type
     warned: set[str] = set()
     held_out: dict[str, float | None] = {}  # per profile: how far its predictions held on plans left out of its fit
@@ -396,14 +493,20 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
         _warn(fresh)
         warned.update(fresh)
         contenders.append(contender(path, loaded, cfg.seed))
+        peaks.append(predicted_peaks(loaded, cfg))
+        factors.append(_factor_text(loaded, cfg))
         if loaded.profile is not None and str(loaded.profile_path) not in held_out:
             from umsearch.orchestrate.trust import held_out_error, trust_line
 
             held_out[str(loaded.profile_path)] = held_out_error(loaded.profile)
             err_console.print(trust_line(loaded.profile, str(loaded.profile_path)), soft_wrap=True, markup=False)
-    report = measure_contenders(contenders, cfg, rounds=extra["rounds"])
+    steps = measure_rounds(contenders, cfg, rounds=extra["rounds"])
+    report = FidelityReport(rows=tuple(fidelity_row(c, s) for c, s in zip(contenders, steps, strict=True)),
+                            rounds=extra["rounds"])  # fmt: skip
+    memory = {c.name: memory_report(p, measured_peaks(s), ranks=c.plan.ranks, state_factor=f)
+              for c, p, s, f in zip(contenders, peaks, steps, factors, strict=True)}  # fmt: skip
     doc = {**fidelity_document(report, cfg, cpus=usable_cpus()), "profile_held_out_mape_percent": held_out,
-           "precision": cfg.precision, "profiled_on_other_device": other_device}  # fmt: skip
+           "precision": cfg.precision, "profiled_on_other_device": other_device, "memory": memory}  # fmt: skip
     if out:
         from umsearch.core.jsonio import write_json
 
@@ -412,6 +515,8 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
         click.echo(json.dumps(doc))
         return
     _print_fidelity(report, out)
+    for name, mem in memory.items():
+        _print_memory(mem, prefix=f"{name}: " if len(memory) > 1 else "")
     if other_device:
         console.print(f"[yellow]not a model error:[/] the profile of {len(other_device)} plan(s) was measured on "
                       "another device type than this run's, so the error above compares devices; profile on this "

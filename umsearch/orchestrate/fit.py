@@ -16,6 +16,13 @@ into one bounded least-squares problem: overheads and the per-MiB cost
 Everything here is pure and deterministic: no torch, no timing. The fit is
 judged by the iteration times of plans left out of it
 (:func:`leave_one_plan_out`), since an in-sample error is no evidence.
+
+Ranks replayed alone (``umsearch calibrate --replay``) measure every action
+with no peer: no message is waited for or posted, so they say nothing of the
+message terms. Their fit keeps the profile's message terms (``messages=``)
+and fits the compute terms only (op overhead and the scales), and is judged
+by busy time (every rank's action durations summed, with no message charge)
+instead of the iteration time no replay has (``MeasuredPlan.judged``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from umsearch.core.errors import ProfilingError
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile, RuntimeCosts
 
+Judged = Literal["iteration", "busy"]
+"""What a measured plan's ``measured_ms`` is: its iteration time (a real run), or the sum of its ranks'
+busy times (ranks replayed alone, which have no iteration time)."""
 Scales = Literal["stage_scale", "ranges", "none"]
 """How the fit models layers run together: ``s(k)`` at knots, one scale per exact range, or s = 1."""
 SCALES: tuple[Scales, ...] = ("stage_scale", "ranges", "none")
@@ -82,8 +92,11 @@ class MeasuredPlan:
     name: str
     plan: Plan
     iteration_ms: float
-    """Median measured iteration (latest action end), what the simulator predicts."""
+    """Median measured iteration (latest action end), what the simulator predicts; with ``judged`` ``busy``,
+    the sum over ranks of each rank's median busy time."""
     samples: tuple[ActionSample, ...]
+    judged: Judged = "iteration"
+    """Which of the simulator's figures ``iteration_ms`` is compared with (:data:`Judged`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,13 +157,15 @@ def _scale_row(scales: Scales, columns: Sequence[Any], lo: int, hi: int, base: f
 
 
 def fit_runtime(actions: Sequence[ActionSample], ranges: Sequence[RangeSample] = (), *,
-                scales: Scales = "stage_scale") -> RuntimeFit:  # fmt: skip
+                scales: Scales = "stage_scale", messages: tuple[float, float] | None = None) -> RuntimeFit:  # fmt: skip
     """The bounded least-squares fit of every runtime term to ``actions`` and ``ranges`` (module docstring).
 
     A term no equation constrains (no cross-rank message, no message bytes)
     is 0; a scale column no equation reaches does not exist (knots and ranges
-    are taken from the stages and ranges measured). Deterministic: the same
-    samples give the same values.
+    are taken from the stages and ranges measured). ``messages``:
+    ``(message_overhead_ms, message_overhead_ms_per_mib)`` kept as given, not
+    fitted (their charge leaves the measured side first). Deterministic: the
+    same samples give the same values.
     """
     if not actions:
         raise ProfilingError("no action was measured; the probe plans did not run, so nothing can be fitted")
@@ -160,9 +175,12 @@ def fit_runtime(actions: Sequence[ActionSample], ranges: Sequence[RangeSample] =
     columns = _scale_columns(scales, spans)
     fixed = scales == "none"  # s = 1: the layer time moves to the measured side
     rows, target = [], []
+    msg_ms, mib_ms = messages if messages is not None else (0.0, 0.0)
     for a in actions:
-        rows.append([1.0, float(a.messages), a.mib, *_scale_row(scales, columns, a.lo, a.hi, a.base_ms)])
-        target.append(a.measured_ms - (a.base_ms if fixed else 0.0))
+        charge = msg_ms * a.messages + mib_ms * a.mib if messages is not None else 0.0
+        count, size = (0.0, 0.0) if messages is not None else (float(a.messages), a.mib)
+        rows.append([1.0, count, size, *_scale_row(scales, columns, a.lo, a.hi, a.base_ms)])
+        target.append(a.measured_ms - charge - (a.base_ms if fixed else 0.0))
     if not fixed:
         for r in ranges:
             rows.append([0.0, 0.0, 0.0, *_scale_row(scales, columns, r.lo, r.hi, r.sum_ms)])
@@ -176,6 +194,8 @@ def fit_runtime(actions: Sequence[ActionSample], ranges: Sequence[RangeSample] =
         x[used] = sol.x
     resid = y - A @ x
     op, msg, mib = (max(0.0, float(v)) for v in x[:3])
+    if messages is not None:
+        msg, mib = float(messages[0]), float(messages[1])
     knots = tuple((int(k), float(s)) for k, s in zip(columns, x[3:], strict=True)) if scales == "stage_scale" else ()
     per_range = tuple((int(c[0]), int(c[1]), float(s)) for c, s in zip(columns, x[3:], strict=True)) \
         if scales == "ranges" else ()  # fmt: skip
@@ -242,6 +262,23 @@ def predict(plan: Plan, profile: Profile, runtime: RuntimeCosts) -> float:
     return res.iteration_ms
 
 
+def predict_busy(plan: Plan, profile: Profile, runtime: RuntimeCosts) -> float:
+    """The reference simulator's busy time of ``plan``, summed over its ranks, under ``profile`` with
+    ``runtime`` less its message terms: what ranks replayed alone (no message posted or waited for) add up to."""
+    from umsearch.sim.reference import simulate
+
+    alone = dataclasses.replace(runtime, message_overhead_ms=0.0, message_overhead_ms_per_mib=0.0)
+    res = simulate(plan, CostModel(dataclasses.replace(profile, runtime=alone)))
+    if res.busy_ms is None:
+        raise ProfilingError("a measured plan deadlocks in the simulator; it cannot be part of a calibration")
+    return float(sum(res.busy_ms))
+
+
+def predicted(m: MeasuredPlan, profile: Profile, runtime: RuntimeCosts) -> float:
+    """What the simulator says of ``m``'s measured figure (:attr:`MeasuredPlan.judged`)."""
+    return predict_busy(m.plan, profile, runtime) if m.judged == "busy" else predict(m.plan, profile, runtime)
+
+
 def _mape(rows: Sequence[dict[str, Any]]) -> float | None:
     return 100.0 * statistics.fmean(abs(r["error"]) for r in rows) if rows else None
 
@@ -252,47 +289,64 @@ def _row(m: MeasuredPlan, predicted: float) -> dict[str, Any]:
 
 
 def leave_one_plan_out(profile: Profile, measured: Sequence[MeasuredPlan], ranges: Sequence[RangeSample] = (),
-                       *, scales: Scales = "stage_scale") -> list[dict[str, Any]]:  # fmt: skip
-    """Per plan: its iteration predicted by a fit of every *other* plan's actions (and the ranges),
-    against its measured one. Empty with fewer than two plans (nothing to hold out)."""
+                       *, scales: Scales = "stage_scale",
+                       messages: tuple[float, float] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Per plan: its iteration (or busy time, :attr:`MeasuredPlan.judged`) predicted by a fit of every
+    *other* plan's actions (and the ranges), against its measured one. Empty with fewer than two plans
+    (nothing to hold out)."""
     if len(measured) < 2:
         return []
     rows = []
     for m in measured:
         rest = [s for other in measured if other is not m for s in other.samples]
-        fit = fit_runtime(rest, ranges, scales=scales)
-        rows.append(_row(m, predict(m.plan, profile, fit.runtime())))
+        fit = fit_runtime(rest, ranges, scales=scales, messages=messages)
+        rows.append(_row(m, predicted(m, profile, fit.runtime())))
     return rows
 
 
 def fit_report(profile: Profile, measured: Sequence[MeasuredPlan], *, scales: Scales = "stage_scale",
-               how: dict[str, Any] | None = None) -> tuple[Profile, dict[str, Any]]:  # fmt: skip
+               how: dict[str, Any] | None = None, keep_messages: bool = False) -> tuple[Profile, dict[str, Any]]:  # fmt: skip
     """Fit ``measured`` (and the profile's range timings) into ``profile``; the calibrated profile and
     the report, which the profile also keeps as ``runtime.calibration``.
 
     The report gives every term, the in-sample and the held-out (leave one plan
-    out) MAPE of the iteration time, and per plan the prediction without the
-    runtime terms, with them, and held out.
+    out) MAPE of the iteration time (of the busy time for replayed ranks,
+    :attr:`MeasuredPlan.judged`), and per plan the prediction without the
+    runtime terms, with them, and held out. ``keep_messages``: the profile's
+    message terms are kept, not fitted (replayed ranks pay none); the profile's
+    links are never changed.
     """
     ranges = range_samples(profile) if scales != "none" else ()
+    rt = profile.runtime
+    messages = (rt.message_overhead_ms, rt.message_overhead_ms_per_mib) if keep_messages else None
     samples = [s for m in measured for s in m.samples]
-    fit = fit_runtime(samples, ranges, scales=scales)
-    held = leave_one_plan_out(profile, measured, ranges, scales=scales)
-    inside = [_row(m, predict(m.plan, profile, fit.runtime())) for m in measured]
-    bare = [_row(m, predict(m.plan, profile, RuntimeCosts())) for m in measured]
+    fit = fit_runtime(samples, ranges, scales=scales, messages=messages)
+    held = leave_one_plan_out(profile, measured, ranges, scales=scales, messages=messages)
+    inside = [_row(m, predicted(m, profile, fit.runtime())) for m in measured]
+    bare = [_row(m, predicted(m, profile, RuntimeCosts())) for m in measured]
+    judged = "busy" if measured and all(m.judged == "busy" for m in measured) else "iteration"
+    kept = "kept from the profile, not fitted: replayed ranks post and wait for no message"
     record: dict[str, Any] = {
-        "method": "one bounded least-squares fit of op overhead, message overhead, per-MiB message cost and the "
+        "method": ("one bounded least-squares fit of op overhead and the stage scale on per-action durations of "
+                   "ranks replayed alone and the profiler's stage-sized range timings, the message terms and "
+                   "links kept as the profile has them (docs/model.md sections 4 and 7)") if keep_messages else
+                  "one bounded least-squares fit of op overhead, message overhead, per-MiB message cost and the "
                   "stage scale on per-action durations and the profiler's stage-sized range timings "
                   "(docs/model.md sections 4 and 7)",
         **(how or {}),
         "scales": scales,
+        "judged": "busy_ms" if judged == "busy" else "iteration_ms",
         "terms": {
-            "op_overhead_ms": "per-action durations measured on umsearch's runtime",
-            "message_overhead_ms": "per-action durations of actions that send or need cross-rank messages",
-            "message_overhead_ms_per_mib": "per-action durations, by the full size of their messages",
+            "op_overhead_ms": "per-action durations measured on umsearch's runtime"
+                              + (", every rank replayed alone" if keep_messages else ""),
+            "message_overhead_ms": kept if keep_messages else
+                                   "per-action durations of actions that send or need cross-rank messages",
+            "message_overhead_ms_per_mib": kept if keep_messages else
+                                           "per-action durations, by the full size of their messages",
             "stage_scale" if scales != "ranges" else "ranges":
                 "per-action durations by stage layer count, and the profiler's stage-sized ranges timed end to end"
                 if scales != "none" else "not fitted (s = 1)",
+            **({"links": "kept from the profile (measured or stated there), not fitted"} if keep_messages else {}),
         },
         "plans": [m.name for m in measured], "actions": fit.actions, "range_rows": fit.range_rows,
         "rms_residual_ms": fit.rms_residual_ms,

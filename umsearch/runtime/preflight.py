@@ -12,10 +12,16 @@ plan started straight with torchrun is refused just the same.
 :func:`check_measured_on` compares a run with the measurement behind its
 prediction: another precision is refused, another device type said plainly
 (then a gap between predicted and measured is the devices', not the model's).
+
+:func:`memory_refusal` compares every process's predicted peak memory
+(docs/model.md section 5) with what its device holds: a pure function of
+byte counts, so ``umsearch run`` refuses a plan that cannot fit before it
+starts anything (``--force-memory`` runs it anyway).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -162,3 +168,71 @@ def check_measured_on(profile: Profile | None, *, device_type: str, precision: s
 def backend_device_type(backend: str) -> str:
     """The device type a run's backend uses: ``cuda`` for NCCL, ``cpu`` for gloo."""
     return "cuda" if backend == "nccl" else "cpu"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Predicted memory against the devices'
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceMemory:
+    """What the processes on one device may fill."""
+
+    name: str
+    """How the message names it: ``cuda:1 (NVIDIA H100 80GB HBM3)``, ``this host's available memory``.
+    Processes whose devices have the same name share it (CPU ranks share the host)."""
+    bytes: float
+    """A GPU's total memory; the host's available memory."""
+
+
+def size_text(n: float) -> str:
+    """Binary size as the tables print it (``1.50 GiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    ordered = sorted(set(ranks))
+    return f"rank {ordered[0]}" if len(ordered) == 1 else "ranks " + ", ".join(map(str, ordered))
+
+
+def memory_refusal(peaks: Sequence[float], devices: Sequence[DeviceMemory],
+                   ranks: Sequence[int] | None = None) -> str | None:  # fmt: skip
+    """Why the plan's processes do not fit their devices' memory, in one line; None when they fit.
+
+    ``peaks[i]`` is process ``i``'s predicted peak (docs/model.md section 5), ``devices[i]`` its device and
+    ``ranks[i]`` its pipeline rank (default ``i``; data-parallel copies of a rank repeat it). First the
+    largest single peak above its device's memory is named; then processes sharing a device (by name:
+    CPU ranks on one host) must fit together.
+    """
+    if len(peaks) != len(devices) or (ranks is not None and len(ranks) != len(peaks)):
+        raise ValueError(f"{len(peaks)} peaks, {len(devices)} devices and {len(ranks or peaks)} ranks must match")
+    rank_of = list(ranks) if ranks is not None else list(range(len(peaks)))
+    over = [(p - d.bytes, i) for i, (p, d) in enumerate(zip(peaks, devices, strict=True)) if p > d.bytes]
+    if over:
+        _, i = max(over)
+        return (f"rank {rank_of[i]} is predicted to peak at {size_text(peaks[i])} (docs/model.md section 5) but "
+                f"{devices[i].name} has {size_text(devices[i].bytes)}")  # fmt: skip
+    shared: dict[str, list[int]] = {}
+    for i, d in enumerate(devices):
+        shared.setdefault(d.name, []).append(i)
+    for name, members in shared.items():
+        total = sum(peaks[i] for i in members)
+        have = devices[members[0]].bytes
+        if len(members) > 1 and total > have:
+            top = max(members, key=lambda i: peaks[i])
+            return (f"{_ranks_text([rank_of[i] for i in members])} ({len(members)} processes) share {name}: "
+                    f"together predicted to peak at {size_text(total)} (docs/model.md section 5; rank "
+                    f"{rank_of[top]} the most, {size_text(peaks[top])}) but it has {size_text(have)}")  # fmt: skip
+    return None
+
+
+def check_memory(peaks: Sequence[float], devices: Sequence[DeviceMemory], ranks: Sequence[int] | None = None) -> None:
+    """Raise :class:`PlanError` with :func:`memory_refusal`'s line and the ways out, unless the plan fits."""
+    why = memory_refusal(peaks, devices, ranks)
+    if why is not None:
+        raise PlanError(f"{why}: the run would run out of memory; search again with --memory-limit at or below the "
+                        "device's memory, or pass --force-memory to run anyway")  # fmt: skip

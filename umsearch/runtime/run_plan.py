@@ -42,6 +42,9 @@ class StepResult:
     """Full-batch mean loss (from the rank holding the last stage; with replicas, the sum of their shares)."""
     records: tuple[ActionRecord, ...]
     """Every action of every rank, by start time (with replicas: replica 0's, one record per action)."""
+    peak_memory_bytes: tuple[int | None, ...] = ()
+    """Per pipeline rank, the device's peak allocated memory in the iteration (CUDA's
+    ``max_memory_allocated``; the largest of the rank's replicas), None where not measured (CPU)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +79,22 @@ class RunResult:
         """First and third quartile of the iteration times after warm-up (the IQR's ends)."""
         return quartiles([s.iteration_ms for s in self.kept(skip)])
 
+    def peak_memory_bytes(self, skip: int) -> tuple[int | None, ...]:
+        """Per pipeline rank, the largest measured device peak of the iterations after warm-up (None: not
+        measured, as on CPU ranks)."""
+        return measured_peaks(self.kept(skip))
+
+
+def measured_peaks(steps: Sequence[StepResult]) -> tuple[int | None, ...]:
+    """Per pipeline rank, the largest device peak any of ``steps`` measured (None where none did)."""
+    ranks = max((len(s.peak_memory_bytes) for s in steps), default=0)
+    out: list[int | None] = []
+    for r in range(ranks):
+        seen = [s.peak_memory_bytes[r] for s in steps if r < len(s.peak_memory_bytes)]
+        values = [v for v in seen if v is not None]
+        out.append(max(values) if values else None)
+    return tuple(out)
+
 
 def quartiles(values: Sequence[float]) -> tuple[float, float]:
     """(Q1, Q3) of ``values``: Tukey's hinges about the lower median (one value is its own quartiles).
@@ -99,8 +118,14 @@ def merge_step(per_rank: Sequence[Any]) -> StepResult:
     records = sorted((a for st in first for a in st.actions), key=lambda a: (a.start_ms, a.rank))
     # Each replica's last stage reports its share of the full-batch loss (the whole of it without replicas).
     losses = [st.loss for st in per_rank if st.loss is not None]
+    ranks = max((st.rank for st in per_rank), default=-1) + 1
+    peaks: list[int | None] = []
+    for r in range(ranks):
+        values = [p for st in per_rank if st.rank == r and (p := getattr(st, "peak_memory_bytes", None)) is not None]
+        peaks.append(max(values) if values else None)
     return StepResult(iteration_ms=max(ends, default=0.0), step_ms=max(st.step_ms for st in per_rank),
-                      loss=sum(losses) if losses else None, records=tuple(records))  # fmt: skip
+                      loss=sum(losses) if losses else None, records=tuple(records),
+                      peak_memory_bytes=tuple(peaks))  # fmt: skip
 
 
 def merge(reports: Sequence[StageReport]) -> RunResult:
@@ -177,6 +202,45 @@ def step_rows(result: RunResult) -> list[dict[str, Any]]:
     """One row per iteration: index, iteration time, time with the optimizer, loss."""
     return [{"step": i, "iteration_ms": s.iteration_ms, "step_ms": s.step_ms, "loss": s.loss}
             for i, s in enumerate(result.steps)]  # fmt: skip
+
+
+MEASURED_BY_CUDA = "torch.cuda.max_memory_allocated of each rank, the largest iteration after warm-up"
+NOT_MEASURED_ON_CPU = ("not on CPU ranks (they have no allocator peak); `umsearch replay PLAN --all-ranks` tallies "
+                       "each rank's parameters, gradients, optimizer states and saved activations alone")  # fmt: skip
+
+
+def memory_report(predicted: Sequence[float] | None, measured: Sequence[int | None], *, ranks: int,
+                  state_factor: str = "state_factor") -> dict[str, Any]:  # fmt: skip
+    """Per rank, the predicted peak memory (docs/model.md section 5, the simulator's) beside the measured
+    one: ``{"measured_by", "ranks": [{"rank", "predicted_peak_bytes", "measured_peak_bytes", "ratio",
+    "over_prediction"}]}``. ``measured`` holds the device's peaks (CUDA), None where not measured;
+    ``state_factor`` says which factor the prediction's state used."""
+    rows = []
+    for r in range(ranks):
+        p = float(predicted[r]) if predicted is not None and r < len(predicted) else None
+        m = measured[r] if r < len(measured) else None
+        rows.append({"rank": r, "predicted_peak_bytes": p, "measured_peak_bytes": m,
+                     "ratio": m / p if m is not None and p else None,
+                     "over_prediction": None if m is None or p is None else m > p})  # fmt: skip
+    any_measured = any(row["measured_peak_bytes"] is not None for row in rows)
+    return {"predicted_by": f"docs/model.md section 5: {state_factor} x parameters + peak stashed activations",
+            "measured_by": MEASURED_BY_CUDA if any_measured else NOT_MEASURED_ON_CPU, "ranks": rows}  # fmt: skip
+
+
+def memory_lines(report: dict[str, Any]) -> list[str]:
+    """The memory report as text, one line per rank, then where the measured figure comes from."""
+    from umsearch.runtime.preflight import size_text
+
+    lines = []
+    for row in report["ranks"]:
+        p, m = row["predicted_peak_bytes"], row["measured_peak_bytes"]
+        text = f"rank {row['rank']} peak memory: predicted {'-' if p is None else size_text(p)}, measured "
+        text += "-" if m is None else size_text(m)
+        if row["ratio"] is not None:
+            text += f" ({row['ratio']:.2f}x{', over the prediction' if row['over_prediction'] else ''})"
+        lines.append(text)
+    lines.append(f"peak memory predicted by {report['predicted_by']}; measured: {report['measured_by']}")
+    return lines
 
 
 def run_document(result: RunResult, cfg: RunConfig, *, meta: dict[str, Any] | None = None) -> dict[str, Any]:
