@@ -206,11 +206,15 @@ def test_warnings_for_untrustworthy_measurements(tmp_path: Path) -> None:
     prof = tmp_path / "prof.json"
     save_profile(uniform_profile(layers=LAYERS), prof)
     loaded = resolve_plan(_plan(tmp_path, profile="prof.json", profile_sha256=file_sha256(prof)), ModelChoice())
-    assert run_warnings(loaded, RunConfig(), cpus=2) == []
+    adam = RunConfig(optimizer="adam")  # the plan's state_factor 4: Adam's
+    assert run_warnings(loaded, adam, cpus=2) == []
+    [sgd] = run_warnings(loaded, RunConfig(), cpus=2)
+    assert sgd.startswith("--optimizer sgd keeps 2 bytes of state per parameter byte but the plan's memory was "
+                          "predicted with state_factor 4") and "--optimizer adam" in sgd
     save_profile(uniform_profile(layers=LAYERS, fwd=9.0), prof)  # re-measured since the search
-    [stale] = run_warnings(loaded, RunConfig(), cpus=2)
+    [stale] = run_warnings(loaded, adam, cpus=2)
     assert "not the one the plan was searched on" in stale
-    [_, crowded] = run_warnings(loaded, RunConfig(launch=LaunchConfig(threads=2)), cpus=3)
+    [_, crowded] = run_warnings(loaded, replace(adam, launch=LaunchConfig(threads=2)), cpus=3)
     assert crowded.startswith("2 ranks x 2 thread(s) need 4 cores but 3 are available")
 
 

@@ -30,7 +30,6 @@ from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import launch
 from umsearch.runtime.placement import (
     Placement,
-    check_runnable,
     check_world,
     replica_worlds,
     stage_copies,
@@ -68,11 +67,6 @@ def test_the_world_must_be_ranks_times_replicas() -> None:
     with pytest.raises(RuntimeExecutionError, match=r"2 rank\(s\) x 2 replicas = 4 processes but torchrun "
                                                     r"started 2 process\(es\).*nproc-per-node = 4\)"):  # fmt: skip
         check_world(example8(), 2)
-
-
-def test_a_zero1_plan_is_runnable() -> None:
-    check_runnable(example8())
-    check_runnable(example8(zero1=True))
 
 
 # ---------------------------------------------------------------------------

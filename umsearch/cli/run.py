@@ -45,7 +45,7 @@ from umsearch.runtime.config import (
     to_argv,
 )
 from umsearch.runtime.launch import ENTRY_MODULE
-from umsearch.runtime.placement import check_runnable, world_size
+from umsearch.runtime.placement import world_size
 from umsearch.runtime.run_plan import check_writable
 
 # ---------------------------------------------------------------------------
@@ -121,6 +121,11 @@ def run_warnings(loaded: LoadedPlan, cfg: RunConfig, cpus: int | None = None) ->
     if prof is not None and isinstance(recorded, str) and file_sha256(prof) != recorded:
         out.append(f"the profile {prof} is not the one the plan was searched on (its sha256 differs from the "
                    "plan's profile_sha256); the prediction is for another measurement")  # fmt: skip
+    from umsearch.runtime.config import optimizer_warning
+
+    planned = optimizer_warning(cfg.optimizer, loaded.state_factor)
+    if planned is not None:
+        out.append(planned)
     lc = cfg.launch
     cpus = usable_cpus() if cpus is None else cpus
     ranks = world_size(loaded.plan)  # every rank of every replica is a process
@@ -141,13 +146,11 @@ def _warn(lines: list[str]) -> None:
 
 def load_checked(plan_path: str, choice: ModelChoice, *, require_profile: bool = False) -> LoadedPlan:
     """The plan with profile and model, refused (before anything starts, without running model code)
-    when its model may not run, it deadlocks, it does not fit its profile, or it asks for what the
-    runtime does not do (zero1)."""
+    when its model may not run, it deadlocks or it does not fit its profile."""
     from umsearch.runtime.factory import check_spec_size, require_trusted, resolve_plan
     from umsearch.runtime.preflight import preflight
 
     loaded = resolve_plan(plan_path, choice, require_profile=require_profile)
-    check_runnable(loaded.plan)
     check_spec_size(require_trusted(loaded))  # before anything is built, --print-launch included
     preflight(loaded.plan, None, loaded.cost() if loaded.profile is not None else None)
     return loaded

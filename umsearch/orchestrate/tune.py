@@ -352,7 +352,10 @@ def tune_on_machine(profile: Profile, space: Any, factory: Any, cfg: TuneConfig,
     from umsearch.orchestrate.calibration import require_this_machine
     from umsearch.orchestrate.contenders import machine
 
-    require_this_machine(profile, "tune")
+    from umsearch.runtime.preflight import backend_device_type
+
+    require_this_machine(profile, "tune", device_type=backend_device_type(run_cfg.launch.backend),
+                         gpus_needed=space.cluster.devices if space.cluster is not None else space.ranks)  # fmt: skip
     return tune(profile, search_proposer(space, cfg.k), machine(factory, run_cfg), cfg, on_progress=on_progress)
 
 

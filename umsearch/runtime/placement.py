@@ -66,10 +66,3 @@ def check_world(plan: Plan, started: int) -> None:
             f"the plan has {has} but torchrun started {started} process(es); start exactly one per rank "
             f"{'' if plan.data_parallel == 1 else 'and replica '}(--nnodes x --nproc-per-node = {need})"
         )
-
-
-def check_runnable(plan: Plan) -> None:
-    """Refuse what the runtime does not implement. Nothing today: a ``zero1`` plan runs with its
-    optimizer states sharded over the replicas (:mod:`umsearch.runtime.zero1`). Kept so that every
-    entry (``umsearch run``, the torchrun entry point, every rank) checks in one place."""
-    del plan

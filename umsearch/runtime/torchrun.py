@@ -206,13 +206,12 @@ def _enter_launch(ns: argparse.Namespace, me: _Rank) -> None:
 def _plan_job(ns: argparse.Namespace, me: _Rank) -> tuple[Callable[..., Any], tuple[Any, ...], LaunchConfig]:
     """Target and arguments of a plan run; refuses before any peer is contacted."""
     from umsearch.runtime.factory import require_trusted, resolve_plan, spec_factory
-    from umsearch.runtime.placement import check_runnable, check_world
+    from umsearch.runtime.placement import check_world
 
     run, choice = configs_from_values(vars(ns))
     loaded = resolve_plan(ns.plan, choice)
     spec = require_trusted(loaded)
     plan = loaded.plan
-    check_runnable(plan)
     check_world(plan, _env_int("WORLD_SIZE", 1))
     factory = spec_factory(spec, run.seed)
     from umsearch.runtime.worker import stage_worker

@@ -28,7 +28,7 @@ from umsearch.runtime.executor import IterationStats, StageExecutor
 from umsearch.runtime.factory import ModelFactory, ModelLike, stage_module
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import local_rank_device
-from umsearch.runtime.placement import Placement, check_runnable, check_world, replica_worlds
+from umsearch.runtime.placement import Placement, check_world, replica_worlds
 from umsearch.runtime.preflight import rank_preflight
 from umsearch.runtime.zero1 import make_optimizer
 
@@ -65,7 +65,6 @@ class RankSession:
     def __init__(self, world_rank: int, world_size: int, plan_json: dict[str, Any], factory: ModelFactory,
                  cfg: RunConfig, comms: GroupCache | None = None, device: torch.device | None = None) -> None:  # fmt: skip
         plan = plan_from_json(plan_json)
-        check_runnable(plan)
         check_world(plan, world_size)
         self.placement = Placement.of(plan, world_rank)
         rank = self.placement.rank
