@@ -351,7 +351,6 @@ def tune_on_machine(profile: Profile, space: Any, factory: Any, cfg: TuneConfig,
     the model in every rank; ``run_cfg`` is a :class:`~umsearch.runtime.config.RunConfig`)."""
     from umsearch.orchestrate.calibration import require_this_machine
     from umsearch.orchestrate.contenders import machine
-
     from umsearch.runtime.preflight import backend_device_type
 
     require_this_machine(profile, "tune", device_type=backend_device_type(run_cfg.launch.backend),
