@@ -189,3 +189,24 @@ def test_run_reports_the_measured_device_peak_where_there_is_one(monkeypatch: py
     assert [r["measured_peak_bytes"] for r in mem["ranks"]] == [5000, 9000]
     assert all(r["over_prediction"] for r in mem["ranks"])  # a few hundred bytes predicted
     assert "max_memory_allocated" in mem["measured_by"]
+
+
+@pytest.mark.slow
+def test_a_real_run_tallies_each_ranks_memory_in_the_models_terms() -> None:
+    import functools
+
+    from tests.runtime.test_distributed import PLANS, tiny_model
+    from umsearch.runtime.config import LaunchConfig, RunConfig
+    from umsearch.runtime.run_plan import MEASURED_BY_TALLY, memory_report, run_plan
+
+    plan = PLANS["1f1b-unequal"]
+    result = run_plan(plan, functools.partial(tiny_model, plan.num_layers), RunConfig(steps=2, seed=1,
+                      launch=LaunchConfig(timeout_s=60)))  # fmt: skip
+    model = tiny_model(plan.num_layers)
+    for r, peak in enumerate(result.tallied_peak_bytes):
+        params = sum(p.numel() * p.element_size() for j in plan.stages_of(r)
+                     for i in range(plan.stages[j].lo, plan.stages[j].hi) for p in model.layers[i].parameters())  # fmt: skip
+        assert peak is not None and peak > 2 * params  # weights and SGD's gradients, plus saved activations
+    report = memory_report([1.0, 1.0], result.peak_memory_bytes(1), ranks=2, tallied=result.tallied_peak_bytes)
+    assert report["measured_by"] == MEASURED_BY_TALLY
+    assert [row["measured_peak_bytes"] for row in report["ranks"]] == list(result.tallied_peak_bytes)

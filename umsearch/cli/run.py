@@ -400,7 +400,8 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
     doc = run_document(result, cfg, meta={"plan": str(plan_path), "model": spec.to_json()})
     doc["predicted_iteration_ms"] = predicted_ms(loaded)
     doc["memory"] = memory_report(predicted_peaks(loaded, cfg), result.peak_memory_bytes(cfg.warmup_steps),
-                                  ranks=loaded.plan.ranks, state_factor=_factor_text(loaded, cfg))  # fmt: skip
+                                  ranks=loaded.plan.ranks, state_factor=_factor_text(loaded, cfg),
+                                  tallied=result.tallied_peak_bytes)  # fmt: skip
     doc["trace"] = trace
     if trace:
         from umsearch.cli.pictures import write_chrome_trace

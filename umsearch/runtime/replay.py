@@ -62,7 +62,7 @@ from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import IterationStats
 from umsearch.runtime.factory import ModelFactory, ModelLike, stage_module
 from umsearch.runtime.gradsync import GradSync
-from umsearch.runtime.memory_tally import MemoryTally, Tally, storage_bytes
+from umsearch.runtime.memory_tally import Tally, storage_bytes
 from umsearch.runtime.placement import replica_worlds, world_size
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, encode, probe
 from umsearch.runtime.worker import GroupCache, RankSession
@@ -445,15 +445,10 @@ def replay_rank(plan: Plan, factory: ModelFactory, rank: int, *, device: torch.d
     with _on_device(device), _threads(device, cfg.launch.threads):
         session = ReplaySession(replica_worlds(plan)[0][rank], world_size(plan), plan.to_json(), factory, cfg,
                                 device=device)
-        params = [p for m in session.modules for p in m.parameters()]
-        for p in params:
-            p.grad = None  # every gradient counts from when it appears
-        tally = MemoryTally(params, session.executor.optimizer)
-        with tally:
-            first = session.step(0)
+        first, tally = session.tallied_step(0)
         stats = (first, *(session.step(i) for i in range(1, steps)))
     comm = session.comm
-    return RankReplay(rank=rank, stages=plan.stages_of(rank), device=device, steps=stats, tally=tally.result(),
+    return RankReplay(rank=rank, stages=plan.stages_of(rank), device=device, steps=stats, tally=tally,
                       actions=plan.actions[rank], prediction=prediction,
                       pool_bytes=comm.pool_bytes if comm is not None else 0,
                       headers=dict(comm.headers) if comm is not None else {})  # fmt: skip

@@ -57,6 +57,9 @@ class RunResult:
     """Every parameter's gradient after the last iteration (``collect_grads`` only)."""
     cpus: tuple[tuple[int, ...] | None, ...] = ()
     """Per rank, the CPU cores its process could use."""
+    tallied_peak_bytes: tuple[int | None, ...] = ()
+    """Per pipeline rank, the first iteration's peak in the model's own terms (parameters, gradients,
+    optimizer states and saved tensors, :mod:`umsearch.runtime.memory_tally`; the largest of its replicas)."""
 
     def kept(self, skip: int) -> tuple[StepResult, ...]:
         """The iterations after the first ``skip`` (warm-up); all of them when that would leave none."""
@@ -136,7 +139,11 @@ def merge(reports: Sequence[StageReport]) -> RunResult:
     first = [r for r in reports if r.replica == 0]
     if all(r.grads is not None for r in first):
         grads = {k: v for r in first for k, v in (r.grads or {}).items()}
-    return RunResult(steps=tuple(steps), grads=grads, cpus=tuple(r.cpus for r in reports))
+    ranks = max((r.rank for r in reports), default=-1) + 1
+    tallied = [max((r.tally.peak_bytes for r in reports if r.rank == k and r.tally is not None), default=None)
+               for k in range(ranks)]  # fmt: skip
+    return RunResult(steps=tuple(steps), grads=grads, cpus=tuple(r.cpus for r in reports),
+                     tallied_peak_bytes=tuple(tallied))  # fmt: skip
 
 
 def run_plan(plan: Plan, factory: ModelFactory, cfg: RunConfig | None = None, cost: CostModel | None = None,
@@ -205,16 +212,22 @@ def step_rows(result: RunResult) -> list[dict[str, Any]]:
 
 
 MEASURED_BY_CUDA = "torch.cuda.max_memory_allocated of each rank, the largest iteration after warm-up"
+MEASURED_BY_TALLY = ("the first iteration's tally of each rank in the model's terms: parameters, gradients, "
+                     "optimizer states and saved activations, each storage once")  # fmt: skip
 NOT_MEASURED_ON_CPU = ("not on CPU ranks (they have no allocator peak); `umsearch replay PLAN --all-ranks` tallies "
                        "each rank's parameters, gradients, optimizer states and saved activations alone")  # fmt: skip
 
 
 def memory_report(predicted: Sequence[float] | None, measured: Sequence[int | None], *, ranks: int,
-                  state_factor: str = "state_factor") -> dict[str, Any]:  # fmt: skip
+                  state_factor: str = "state_factor", tallied: Sequence[int | None] = ()) -> dict[str, Any]:  # fmt: skip
     """Per rank, the predicted peak memory (docs/model.md section 5, the simulator's) beside the measured
     one: ``{"measured_by", "ranks": [{"rank", "predicted_peak_bytes", "measured_peak_bytes", "ratio",
     "over_prediction"}]}``. ``measured`` holds the device's peaks (CUDA), None where not measured;
-    ``state_factor`` says which factor the prediction's state used."""
+    ``state_factor`` says which factor the prediction's state used. ``tallied``: the ranks' tallies in the
+    model's terms, the measured figure where the device has no peak of its own (CPU)."""
+    by = MEASURED_BY_CUDA
+    if not any(m is not None for m in measured) and any(t is not None for t in tallied):
+        measured, by = tallied, MEASURED_BY_TALLY
     rows = []
     for r in range(ranks):
         p = float(predicted[r]) if predicted is not None and r < len(predicted) else None
@@ -224,7 +237,7 @@ def memory_report(predicted: Sequence[float] | None, measured: Sequence[int | No
                      "over_prediction": None if m is None or p is None else m > p})  # fmt: skip
     any_measured = any(row["measured_peak_bytes"] is not None for row in rows)
     return {"predicted_by": f"docs/model.md section 5: {state_factor} x parameters + peak stashed activations",
-            "measured_by": MEASURED_BY_CUDA if any_measured else NOT_MEASURED_ON_CPU, "ranks": rows}  # fmt: skip
+            "measured_by": by if any_measured else NOT_MEASURED_ON_CPU, "ranks": rows}  # fmt: skip
 
 
 def memory_lines(report: dict[str, Any]) -> list[str]:

@@ -28,6 +28,7 @@ from umsearch.runtime.executor import IterationStats, StageExecutor
 from umsearch.runtime.factory import ModelFactory, ModelLike, stage_module
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import local_rank_device
+from umsearch.runtime.memory_tally import MemoryTally, Tally
 from umsearch.runtime.placement import Placement, check_world, replica_worlds
 from umsearch.runtime.preflight import rank_preflight
 from umsearch.runtime.zero1 import make_optimizer
@@ -47,6 +48,8 @@ class StageReport:
     """The CPU cores the process was allowed to run on (None where the OS does not say)."""
     replica: int = 0
     """The data-parallel replica the rank belongs to."""
+    tally: Tally | None = None
+    """The memory of the first iteration in the model's own terms (:mod:`umsearch.runtime.memory_tally`)."""
 
 
 GroupCache = dict[tuple[Any, ...], Any]
@@ -118,6 +121,18 @@ class RankSession:
                 inputs, targets = inputs.narrow(0, first, count), targets.narrow(0, first, count)
         return ex.run_iteration(inputs if ex.needs_inputs else None, targets if ex.needs_targets else None)
 
+    def tallied_step(self, step: int) -> tuple[IterationStats, Tally]:
+        """:meth:`step` with its memory tallied (saved tensors, parameters, gradients, optimizer states);
+        every gradient counts from when it appears, so they are dropped first (the iteration zeroes them
+        anyway). The tally's hooks slow the iteration a little: tally a warm-up one."""
+        params = [p for m in self.modules for p in m.parameters()]
+        for p in params:
+            p.grad = None
+        tally = MemoryTally(params, self.executor.optimizer)
+        with tally:
+            stats = self.step(step)
+        return stats, tally.result()
+
     def grads(self) -> dict[str, torch.Tensor]:
         """Every parameter's gradient (CPU copies), named by global layer index."""
         return {n: p.grad.detach().cpu().clone() for m in self.modules for n, p in m.named_parameters()
@@ -133,7 +148,9 @@ def stage_worker(rank: int, world_size: int, plan_json: dict[str, Any], factory:
     deadlock) before any message is exchanged.
     """
     session = RankSession(rank, world_size, plan_json, factory, cfg)
-    stats = tuple(session.step(step) for step in range(cfg.steps))
+    first, tally = session.tallied_step(0)  # the first iteration is the warm-up one when there is any
+    stats = (first, *(session.step(step) for step in range(1, cfg.steps)))
     grads = session.grads() if cfg.collect_grads else None
     cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
-    return StageReport(rank=session.rank, stats=stats, grads=grads, cpus=cpus, replica=session.placement.replica)
+    return StageReport(rank=session.rank, stats=stats, grads=grads, cpus=cpus, replica=session.placement.replica,
+                       tally=tally)
