@@ -16,14 +16,21 @@ import click
 
 from umsearch.cli.console import console, err_console
 from umsearch.cli.options import click_options
-from umsearch.cli.run import load_checked, measured_on, one_line_errors, split_values
+from umsearch.cli.run import (
+    load_checked,
+    measured_on,
+    one_line_errors,
+    run_state_factor,
+    split_values,
+)
+from umsearch.core.cost import CostModel
 from umsearch.core.errors import RuntimeExecutionError
 from umsearch.runtime.config import FLAGS, ModelChoice
 
 REPLAY_FILE = "replay.json"
 """What ``--out`` holds."""
 
-_TABLE_FLAGS = ("seed", "threads")
+_TABLE_FLAGS = ("seed", "threads", "optimizer", "lr")
 """Run settings replay takes besides the model's (:class:`~umsearch.runtime.config.ModelChoice`)."""
 
 
@@ -68,10 +75,15 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
     inputs: list[str | Path] = [plan_path, *([loaded.profile_path] if loaded.profile_path is not None else [])]
     folder = OutputFolder(out, "--out", inputs=inputs, expected=[REPLAY_FILE], last=(REPLAY_FILE,)) if out else None
     cfg, on = measured_on(loaded, session_config(cfg, where))
-    warnings = list(on.warnings)
+    from umsearch.runtime.config import optimizer_warning
+
+    planned = optimizer_warning(cfg.optimizer, loaded.state_factor)
+    warnings = [*on.warnings, *([planned] if planned is not None else [])]
     for line in warnings:
         _warn(line)
-    predictions = predict(plan, loaded.cost()) if loaded.profile is not None else None
+    # The prediction's state is what the rank steps (--optimizer), as run's memory report has it.
+    predictions = predict(plan, CostModel(loaded.profile, state_factor=run_state_factor(cfg))) \
+        if loaded.profile is not None else None  # fmt: skip
     if predictions is None:
         _warn("the plan names no profile: measured only (pass --profile PROFILE.json for the prediction)")
     spec = loaded.require_model()
@@ -82,7 +94,7 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
             "model": spec.to_json(), "device": str(where), "precision": cfg.precision or "fp32",
             "threads": cfg.launch.threads if where.type == "cpu" else None, "ranks_in_plan": plan.ranks,
             "data_parallel": plan.data_parallel, "replica_batch": plan.replica_batch,
-            "state_factor": loaded.state_factor, "warnings": warnings}  # fmt: skip
+            "state_factor": run_state_factor(cfg), "optimizer": cfg.optimizer, "warnings": warnings}  # fmt: skip
     doc = replay_document(replays, steps=steps, meta=meta)
     if folder is not None:
         from umsearch.core.jsonio import write_json
