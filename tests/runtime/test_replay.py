@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from click.testing import CliRunner, Result
 
+from tests.contract import EXAMPLE3, EXAMPLE4, EXAMPLE5
 from tests.runtime.helpers import (
     IN,
     OUT,
@@ -128,6 +129,53 @@ def test_headers_are_what_a_real_run_exchanges(monkeypatch: pytest.MonkeyPatch) 
     for j in (0, 1):
         out = net[: plan.stages[j].hi](x)
         assert told[j] == of_tensor(out, "probe") == SampleShape(dims=(WIDTHS[plan.stages[j].hi],), dtype=torch.float64)
+
+
+def _on_four_layers(plan: Plan) -> Plan:
+    """The plan's stages cut evenly from the varied model's four layers."""
+    n = plan.num_stages
+    cuts = [round(j * 4 / n) for j in range(n + 1)]
+    return replace(plan, stages=tuple(replace(s, layers=(cuts[j], cuts[j + 1])) for j, s in enumerate(plan.stages)))
+
+
+SHAPE_PLANS = {
+    "interleaved": _on_four_layers(EXAMPLE3),
+    "v-shape split": _on_four_layers(EXAMPLE4),
+    "unequal interleaved": _on_four_layers(EXAMPLE5),
+    "recompute, per-stage lists": plan_of(12, ((0, 2), [4, 8], [6, 6], 2), ((2, 4), [3, 9], [12], 2)),
+    "three ranks unequal": three_ranks(),
+    "four ranks 1F1B": peer_plan("1F1B", 4, 1, 4, 8, 4),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPE_PLANS))
+def test_every_message_a_replayed_rank_gets_has_the_shape_the_real_run_sends(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from umsearch.runtime.replay import ReplayComm
+
+    plan = SHAPE_PLANS[name]
+    real: dict[int, dict[int, tuple[tuple[int, ...], torch.dtype]]] = {r: {} for r in range(plan.ranks)}
+
+    class Recording(QueueComm):
+        def isend(self, dst: int, tensor: torch.Tensor, tag: int) -> Any:
+            real[dst][tag] = (tuple(tensor.shape), tensor.dtype)
+            return super().isend(dst, tensor, tag)
+
+    monkeypatch.setattr(QueueHub, "comm", lambda hub, rank: Recording(hub, rank))
+    run_threaded(plan, varied_model(), batch_seed=0)
+    made: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
+    fill = ReplayComm.fill
+
+    def recording_fill(comm: ReplayComm, buffer: torch.Tensor, tag: int) -> None:
+        made[tag] = (tuple(buffer.shape), buffer.dtype)
+        fill(comm, buffer, tag)
+
+    monkeypatch.setattr(ReplayComm, "fill", recording_fill)
+    for r in range(plan.ranks):
+        made.clear()
+        replay = replay_rank(plan, varied_model, r, steps=1)
+        assert made == real[r], f"{name}: rank {r}"
+        assert [str(a.label) for a in replay.steps[0].actions] == labels(plan, r)  # every action timed
 
 
 def test_untag_inverts_the_executors_tag() -> None:
