@@ -14,7 +14,7 @@ from umsearch.cli.progress import Reporter, progress_option
 from umsearch.core.errors import ModelSpecError, ProfilingError, RuntimeExecutionError
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.outputs import check_output_file
-from umsearch.core.profile import Profile, load_profile, save_profile
+from umsearch.core.profile import Profile, check_not_partial, load_profile, save_profile
 
 
 def _spec(profile: Profile, path: str, model: str | None, args: tuple[str, ...], trust: bool) -> ModelSpec:
@@ -116,6 +116,7 @@ def calibrate_command(profile_path: str, model: str | None, model_args: tuple[st
     target = profile_path if out is None else out
     check_output_file(target, "--out")  # before the probes run: a bad path is refused, a device never replaced
     profile = load_profile(profile_path)
+    check_not_partial(profile, False, profile_path, flag=None)  # calibrated and tuned only when whole
     if model_args and model is None:
         raise ModelSpecError("--arg needs --model: it is an argument of the model you name")
     spec = _spec(profile, profile_path, model, model_args, trust_model_code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from umsearch.cli.console import console
+from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.progress import Reporter, progress_option
 from umsearch.core.errors import ProfilingError
 from umsearch.core.fields import MAX_INT
@@ -37,7 +39,9 @@ from umsearch.core.profile import (
 from umsearch.measure.profiler import (
     CONTEXT_LAYERS,
     DEFAULT_REPEATS,
+    DEFAULT_STOP_PRECISION_PCT,
     ProfileConfig,
+    ProfileInterrupted,
     measured_context,
 )
 from umsearch.nn.precision import Precision, check_precision
@@ -297,13 +301,18 @@ def _default_out(model: str) -> str:
               help="Training precision: fp32; tf32 (GPU: TF32 matmuls and convolutions); bf16 or fp16 autocast "
                    "(fp16 with loss scaling). Runs of plans from this profile use the same.")  # fmt: skip
 @click.option("--repeats", type=int, default=None,
-              help=f"Timed rounds; each measures every layer at every size once (median and spread over rounds).  "
+              help=f"Most timed rounds; each measures every layer at every size still running once (median and spread "
+                   f"over rounds; a cell stops earlier once --stop-precision is reached).  "
                    f"[default: {DEFAULT_REPEATS}; {CHECK_REPEATS} with --check]")  # fmt: skip
 @click.option("--threads", type=int, default=None, help="CPU intra-op threads (as in the runtime).  [default: 1]")
 @click.option("--no-pool", is_flag=True, help="Measure every layer on its own, even structurally identical ones.")
 @click.option("--context-layers", type=click.IntRange(min=1), default=CONTEXT_LAYERS, show_default=True,
               help="Layers each timing runs together, the timed one among its neighbours as a stage runs it "
                    "(1: every layer alone, as profiles before 2026-12 were measured).")  # fmt: skip
+@click.option("--stop-precision", "stop_precision", type=click.FloatRange(min=0.0, max=100.0),
+              default=DEFAULT_STOP_PRECISION_PCT, show_default=True,
+              help="Stop repeating a layer group at a size once each of its medians is known to this many percent "
+                   "(90% interval), after at least 5 rounds; 0: always run --repeats rounds.")  # fmt: skip
 @click.option("--memory-limit-gb", type=float, default=None,
               help="Use at most this much memory (GB) for the profile; on a GPU also the allocator's limit.  "
                    "[default: the free memory]")  # fmt: skip
@@ -321,8 +330,8 @@ def _default_out(model: str) -> str:
 @progress_option
 def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None, device: str | None, dtype: str,
                     repeats: int | None, threads: int | None, no_pool: bool, context_layers: int,
-                    memory_limit_gb: float | None, link_preset: str | None, link_latency_ms: float | None,
-                    link_bandwidth_gbps: float | None,
+                    stop_precision: float, memory_limit_gb: float | None, link_preset: str | None,
+                    link_latency_ms: float | None, link_bandwidth_gbps: float | None,
                     check: str | None, calibrate_too: bool, out: str | None, progress: str) -> None:  # fmt: skip
     """Measure MODEL (zoo name or package.module:function) layer by layer.
 
@@ -359,9 +368,27 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
 
     built = build_model(spec)
     config = ProfileConfig(sizes=size_list, device=dev, repeats=repeats or DEFAULT_REPEATS, pool=not no_pool,
-                           precision=precision, memory_cap_bytes=cap, context_layers=context_layers)  # fmt: skip
+                           precision=precision, memory_cap_bytes=cap, context_layers=context_layers,
+                           stop_precision_pct=stop_precision)  # fmt: skip
     # Compute first, link last: a model that cannot be profiled wastes no link measurement.
-    prof = _measure(built, spec, config, Link(latency_ms=0.0, bandwidth_gb_per_s=1.0), progress)
+    with StopSignals() as stops:
+        try:
+            prof = _measure(built, spec, config, Link(latency_ms=0.0, bandwidth_gb_per_s=1.0), progress)
+        except ProfileInterrupted as stop:
+            # Ctrl-C (or SIGTERM/SIGHUP) during the rounds: keep what was measured, marked partial; no link
+            # measurement and no calibration (search refuses it without --allow-partial).
+            part = stop.profile
+            if choice.latency_ms is not None and choice.bandwidth_gb_per_s is not None:
+                part = replace(part, link=Link(latency_ms=choice.latency_ms, bandwidth_gb_per_s=choice.bandwidth_gb_per_s),
+                               extra={**part.extra, "link_source": link_source(choice, defaulted)})  # fmt: skip
+            else:
+                part = replace(part, extra={**part.extra, "link_source": {
+                    "measured": False, "how": "not measured: the profile was interrupted (placeholder link)"}})  # fmt: skip
+            save_profile(part, path)
+            console.print(f"[yellow]interrupted: wrote a partial profile to {escape(str(path))} "
+                          f"({escape(part.extra['partial']['reason'])}); umsearch search refuses it unless "
+                          "--allow-partial[/]")  # fmt: skip
+            sys.exit(stops.exit_code(True))
     prof = replace(prof, link=resolve_link(choice, dev, defaulted),
                    extra={**prof.extra, "link_source": link_source(choice, defaulted)})  # fmt: skip
     console.print(profile_table(prof, model))

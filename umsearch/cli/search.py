@@ -23,7 +23,7 @@ from umsearch.cli.report import (
     write_outputs,
 )
 from umsearch.core.data import default_space
-from umsearch.core.profile import load_profile
+from umsearch.core.profile import check_not_partial, load_profile
 from umsearch.search.driver import Progress as SearchProgress
 from umsearch.search.driver import SearchResult, run_search
 from umsearch.search.space import build_space, cluster_values, load_space, options, space_settings
@@ -50,9 +50,11 @@ def space_flags(command: Callable[..., Any]) -> Callable[..., Any]:
               help="Which Pareto point to write as plan.json (0: the fastest; report.md lists them).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables.")
 @click.option("--quiet", is_flag=True, help="Print only the summary line and the files written.")
+@click.option("--allow-partial", is_flag=True,
+              help="Search on a partial profile (one whose measurement was interrupted).")  # fmt: skip
 @progress_option
 def search_command(space_path: str | None, cluster_path: str | None, out: str | None, pick: int, as_json: bool,
-                   quiet: bool, progress: str, **flags: Any) -> None:  # fmt: skip
+                   quiet: bool, allow_partial: bool, progress: str, **flags: Any) -> None:  # fmt: skip
     """Find the fastest plan that fits the memory limit (no arguments: the bundled default space)."""
     if space_path is None and flags.get("profile") is None:
         space_path = str(default_space())
@@ -62,6 +64,7 @@ def search_command(space_path: str | None, cluster_path: str | None, out: str | 
     # An empty --out is a mistake, not a request for the default folder.
     folder = output_folder(Path("results") / space.name if out is None else out, space, space_path)
     profile = load_profile(space.profile)
+    check_not_partial(profile, allow_partial, space.profile)
     with StopSignals() as stops:
         result = _run(space, profile, Reporter(progress, "search", quiet=quiet or as_json))
     paths = write_outputs(result, space, profile, folder, pick)

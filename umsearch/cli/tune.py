@@ -19,7 +19,7 @@ from umsearch.cli.options import click_options
 from umsearch.cli.progress import Reporter, progress_option
 from umsearch.cli.run import split_values
 from umsearch.core.options import settings
-from umsearch.core.profile import load_profile
+from umsearch.core.profile import check_not_partial, load_profile
 from umsearch.orchestrate.tune import TuneConfig
 from umsearch.runtime.config import FLAGS
 from umsearch.search.space import build_space, space_settings
@@ -74,6 +74,7 @@ def tune_command(profile_path: str, out: str | None, as_json: bool, progress: st
     if choice.model_args and choice.model is None:
         raise ModelSpecError("--arg needs --model: it is an argument of the model you name")
     profile = load_profile(profile_path)
+    check_not_partial(profile, False, profile_path, flag=None)  # calibrated and tuned only when whole
     spec = _spec(profile, profile_path, choice.model, choice.model_args, choice.trust_model_code)
     seed = space.search.seed
     run_cfg = dataclasses.replace(run, seed=seed, launch=dataclasses.replace(run.launch, timeout_s=600))

@@ -10,7 +10,9 @@ Beyond the contract a profile may record how it was measured: per value the
 spread (``*_iqr_ms``) and the raw medians before the monotone fit
 (``*_raw_ms``), which layers were pooled, a quality report and the
 calibration check. They are optional, kept on load and save, and never change
-a prediction.
+a prediction. A profile whose measurement was interrupted says so in
+``partial`` (``{"reason": ...}``; absent in a whole one, and in every profile
+from before the field): :func:`check_not_partial` refuses it unless allowed.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ and ``{q}_raw_ms`` the medians before the monotone fit."""
 
 EXTRA_KEYS = frozenset({
     "model_spec", "largest_size_that_fit", "requested_sizes", "calibration", "quality", "pooled",
-    "measurement", "precision", "link_source",
+    "measurement", "precision", "link_source", "partial",
 })  # fmt: skip
 """Top-level fields beyond the contract that profiles may carry (how they were measured)."""
 
@@ -56,6 +58,34 @@ def profile_precision(profile: Profile) -> str | None:
     return str(value)
 
 _SEE = "docs/model.md section 1"
+
+
+def profile_partial(profile: Profile) -> str | None:
+    """Why the profile is partial (its measurement was interrupted: ``{"reason": ..., ...}`` in the JSON),
+    or None for a whole one (every profile from before the field)."""
+    raw = profile.extra.get("partial")
+    return None if raw is None else str(raw["reason"])
+
+
+def check_not_partial(profile: Profile, allow: bool, where: str = "the profile", *,
+                      flag: str | None = "--allow-partial") -> None:  # fmt: skip
+    """Refuse a partial profile (:func:`profile_partial`) unless ``allow`` (``flag``; None: the command has
+    no such flag, so the fix is only to profile again)."""
+    why = profile_partial(profile)
+    if why is not None and not allow:
+        anyway = f", or pass {flag} to use it anyway" if flag else ""
+        raise ProfileError(f"{where} is partial: {why}; its layer times rest on fewer rounds than asked for. "
+                           f"Profile again and let it finish{anyway}")  # fmt: skip
+
+
+def _partial(raw: Any) -> dict[str, Any] | None:
+    """The ``partial`` field: absent or null (a whole profile), or an object with a text ``reason``."""
+    if raw is None:
+        return None
+    obj = mapping(raw, "partial", ProfileError)
+    text(required(obj, "reason", "partial.", ProfileError, "umsearch/measure/profiler.py"), "partial.reason",
+         ProfileError)  # fmt: skip
+    return obj
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,7 +398,7 @@ def profile_from_json(obj: Any) -> Profile:
         layers=tuple(_layer(raw, i, len(sizes)) for i, raw in enumerate(layers_raw)),
         link=link,
         runtime=_runtime(obj["runtime"], len(layers_raw)) if "runtime" in obj else RuntimeCosts(),
-        extra={k: v for k, v in obj.items() if k in EXTRA_KEYS},
+        extra={k: v for k, v in obj.items() if k in EXTRA_KEYS and not (k == "partial" and _partial(v) is None)},
     )
 
 

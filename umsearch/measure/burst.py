@@ -123,11 +123,12 @@ class Stopwatch:
         self._events.append((start, end))
         return out
 
-    def times(self) -> list[float]:
-        """Every call's ms, in call order (on CUDA after one synchronize)."""
+    def times(self, *, sync: bool = True) -> list[float]:
+        """Every call's ms, in call order (on CUDA after one synchronize, unless the caller did it)."""
         if self.device.type != "cuda":
             return list(self._ms)
-        _sync(self.device)
+        if sync:
+            _sync(self.device)
         return [float(s.elapsed_time(e)) for s, e in self._events]
 
 
@@ -170,47 +171,73 @@ def burst(unit: Unit, *, device: torch.device, in_flight: int, split: bool) -> d
     first layer) has no backward: its backward samples are 0. Every graph, gradient and
     weight-gradient closure is released before it returns.
     """
+    t = len(unit.before)
+    return burst_window(unit, device=device, in_flight=in_flight, split=split, timed=(t,))[t]
+
+
+def burst_window(unit: Unit, *, device: torch.device, in_flight: int, split: bool,
+                 timed: tuple[int, ...]) -> dict[int, dict[str, list[float]]]:  # fmt: skip
+    """:func:`burst`, timing every window position in ``timed`` (indices into ``unit.window``) at once.
+
+    The window runs exactly as for one timed layer; each call of a timed position is recorded, so that
+    one burst gives samples of every layer in it (a layer among its neighbours is then timed in the
+    same context whichever of them is "the" timed one). Positions whose output needs no gradient get
+    backward samples of 0; when the window's last output needs none, no backward runs.
+    """
     window = unit.window
-    t, n = len(unit.before), len(window)
+    n = len(window)
+    wanted = set(timed)
     params = [[p for p in m.parameters() if p.requires_grad] for m in window]
-    watch = {q: Stopwatch(device) for q in QUANTITIES}
+    watch = {(i, q): Stopwatch(device) for i in wanted for q in QUANTITIES}
     graphs: list[_Graph] = []
     _sync(device)  # nothing queued before the burst runs inside its first interval
     for _ in range(in_flight):
         x, graph = unit.x, []
         for i, m in enumerate(window):
             lf = leaf(x, unit.first and i == 0)
-            x = _call(watch["fwd"] if i == t else None, _forward, unit, m, lf, unit.last and i == n - 1)
+            x = _call(watch[i, "fwd"] if i in wanted else None, _forward, unit, m, lf, unit.last and i == n - 1)
             graph.append((lf, x))
         graphs.append(graph)
-    if not graphs[0][t][1].requires_grad:
-        k = in_flight - in_flight // 2 if split else in_flight
-        fwd = watch["fwd"].times()
-        graphs.clear()
-        return {"fwd": fwd, "bwd": [0.0] * k, "bwd_input": [0.0] * (in_flight - k), "bwd_weight": [0.0] * (in_flight - k)}
+    grads = [graphs[0][i][1].requires_grad for i in range(n)]
+    k = in_flight - in_flight // 2 if split else in_flight
+    if grads[-1]:
+        _backwards(graphs, params, watch, unit.last, split, in_flight)
+    graphs.clear()
+    out: dict[int, dict[str, list[float]]] = {}
+    _sync(device)  # once: every interval of the burst has ended
+    for i in sorted(wanted):
+        if grads[i] and grads[-1]:
+            out[i] = {q: watch[i, q].times(sync=False) for q in QUANTITIES}
+        else:
+            out[i] = {"fwd": watch[i, "fwd"].times(sync=False), "bwd": [0.0] * k,
+                      "bwd_input": [0.0] * (in_flight - k), "bwd_weight": [0.0] * (in_flight - k)}  # fmt: skip
+    for m in window:
+        m.zero_grad(set_to_none=True)
+    return out
+
+
+def _backwards(graphs: list[_Graph], params: list[list[torch.nn.Parameter]], watch: dict[tuple[int, str], Stopwatch],
+               last: bool, split: bool, in_flight: int) -> None:  # fmt: skip
+    """Every graph's backward, last first (``I`` on the odd ones when ``split``), then the deferred ``W``."""
     works: list[tuple[int, WeightWork]] = []
     for j in reversed(range(in_flight)):
         # Popped, so that each graph is freed by its backward as in a pipeline stage.
         graph = graphs.pop()
-        grad: torch.Tensor | None = None if unit.last else torch.ones_like(graph[-1][1])
-        for i in reversed(range(n)):
+        grad: torch.Tensor | None = None if last else torch.ones_like(graph[-1][1])
+        for i in reversed(range(len(graph))):
             lf, out = graph.pop()
             if not out.requires_grad:
                 break  # nothing before a parameter-free, data-fed layer needs a gradient
             if split and j % 2 == 1:
-                got, work = _call(watch["bwd_input"] if i == t else None, backward_input, out, grad, [lf], params[i])
+                got, work = _call(watch.get((i, "bwd_input")), backward_input, out, grad, [lf], params[i])
                 works.append((i, work))
             else:
-                got = _call(watch["bwd"] if i == t else None, backward_full, out, grad, [lf], params[i])
+                got = _call(watch.get((i, "bwd")), backward_full, out, grad, [lf], params[i])
             grad = got[0]
             del lf, out
             if grad is None:
                 break
         del graph
     for i, work in works:
-        _call(watch["bwd_weight"] if i == t else None, backward_weight, work)
+        _call(watch.get((i, "bwd_weight")), backward_weight, work)
     works.clear()
-    out_ms = {q: w.times() for q, w in watch.items()}
-    for m in window:
-        m.zero_grad(set_to_none=True)
-    return out_ms

@@ -6,7 +6,8 @@ same parameter and buffer shapes and dtypes, the same role in the model (the
 first layer gets data and owes no input gradient; the last one carries the
 loss), and, at every measured size, the same input and output shapes and the
 same stash bytes. Such layers cost the same up to noise, so they are measured
-as one group (a different member each round) and all get the group's values:
+as one group (at whichever members a round's bursts hold:
+:func:`umsearch.measure.rounds.cover_windows`) and all get the group's values:
 identical layers get identical estimates, and the noise of one member is
 averaged with the others'.
 """

@@ -13,15 +13,32 @@
    stage-sized range, its graphs in flight and the largest size that fits;
    the profile keeps the sizes every group fits.
 3. Rounds (:mod:`umsearch.measure.rounds`): after ``warmup_rounds`` untimed
-   rounds, ``repeats`` rounds each time every (group, size) cell once in a
-   shuffled order, a different member of a group each round. One cell's
-   measurement is a burst (:mod:`umsearch.measure.burst`) holding one group's
-   graphs, all released before the next cell; the round's sample is the
-   burst's median. A few rounds also time stage-sized ranges (halves
-   and quarters of the model) end to end: the calibration check. On CPU,
-   glibc's malloc is told to keep freed memory first
-   (:mod:`umsearch.measure.host_memory`), so that a burst reuses buffers as a
-   training step does instead of faulting in fresh pages.
+   rounds, up to ``repeats`` rounds each time every (group, size) cell still
+   running once. A burst (:mod:`umsearch.measure.burst`) runs a window of
+   ``context_layers`` consecutive layers, as a stage runs them, and times
+   *every* layer in it: one burst gives a sample of every group with a member
+   in the window. Per size a round runs the few windows that hold a member of
+   every running group (:func:`~umsearch.measure.rounds.cover_windows`: a model
+   of distinct layers is tiled, a pooled group costs no window of its own when
+   its neighbours' windows hold a member, and the windows rotate over the
+   rounds); the bursts of all sizes are shuffled. A cell's sample of a round is
+   the median of every call of its members in that round. A cell stops once the
+   median of each of its quantities is known to ``stop_precision_pct``
+   (:mod:`umsearch.measure.stopping`, after ``min_repeats`` rounds); the
+   rounds end when every cell has stopped. A few rounds (among the first
+   ``min_repeats``, which every cell runs) also time stage-sized ranges (halves
+   and quarters of the model) end to end: the calibration check. Every burst
+   holds one window's graphs, all released before the next. Ctrl-C during the
+   rounds keeps what was measured: :class:`ProfileInterrupted` carries the
+   profile, marked ``partial``. On CPU, glibc's malloc is told to keep freed
+   memory first (:mod:`umsearch.measure.host_memory`), so that a burst reuses
+   buffers as a training step does instead of faulting in fresh pages.
+
+   Timing every window layer instead of one among untimed neighbours changes
+   no layer's context: between two calls of a layer the whole window runs
+   either way, wherever the layer sits in it (a stage's first and last layers
+   sit at its edges too). Before issue 31 each cell ran its own window of four
+   layers and timed one, so three quarters of every burst went untimed.
 4. Fit (:mod:`umsearch.measure.curves`): per group and quantity, the raw median
    and IQR of the rounds at each size, and the monotone fit over all rounds,
    which is the profile's value.
@@ -32,17 +49,18 @@
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import LayerProfile, Link, Profile
-from umsearch.measure.burst import QUANTITIES, Unit, burst, leaf
+from umsearch.measure.burst import QUANTITIES, Unit, burst, burst_window, leaf
 from umsearch.measure.curves import Curve, fit_curve, iqr, median
 from umsearch.measure.host_memory import keep_freed_memory
 from umsearch.measure.memory import (
@@ -54,9 +72,10 @@ from umsearch.measure.memory import (
     plan_memory,
 )
 from umsearch.measure.pooling import Signature, module_signature, pool_groups, tensor_signature
-from umsearch.measure.quality import assess
-from umsearch.measure.rounds import Cell, calibration_rounds, schedule
+from umsearch.measure.quality import Thresholds, assess
+from umsearch.measure.rounds import Cell, calibration_rounds, cover_windows, windows_holding
 from umsearch.measure.stash import saved_bytes, tensor_bytes
+from umsearch.measure.stopping import DEFAULT_PRECISION, MIN_ROUNDS, converged
 from umsearch.nn.models import BuiltModel, ModelSpec
 from umsearch.nn.precision import Precision, apply_switches
 
@@ -75,11 +94,19 @@ IN_FLIGHT = 8
 MIN_IN_FLIGHT = 2
 """Fewest graphs a burst keeps when memory is short (a pipeline stage keeps at least two, but the last)."""
 
+DEFAULT_STOP_PRECISION_PCT = 100 * DEFAULT_PRECISION
+"""Default of :attr:`ProfileConfig.stop_precision_pct` (percent)."""
+
+MATERIAL = Thresholds().material
+"""Share of the measured layers' time at a size under which a quantity's precision is judged against that
+share instead of itself (the quality report's "matters" share)."""
+
 CONTEXT_LAYERS = 4
 """Layers a burst runs together, the timed one among them (:mod:`umsearch.measure.burst`): a stage's
 worth of neighbours, so that the cache holds what it holds inside a stage; 1 times each layer alone."""
 
-ORDER = "rounds; each visits every (layer group, size) cell once in a seeded random order"
+ORDER = ("rounds; each times every (layer group, size) cell still running once, by bursts through windows of "
+         "context layers that time every layer in them, in a seeded random order")
 
 TIMING = {False: "wall clock around each call (the CPU runs it synchronously)",
           True: "CUDA events around each call, calls queued back to back on the stream, host syncs only before and after a burst"}  # fmt: skip
@@ -116,7 +143,12 @@ class ProfileConfig:
     min_in_flight: int = MIN_IN_FLIGHT
     """Fewest graphs in flight the memory plan may choose."""
     context_layers: int = CONTEXT_LAYERS
-    """Layers each burst runs, the timed one among its neighbours (1: alone)."""
+    """Layers each burst runs, every one of them timed among the others (1: alone)."""
+    stop_precision_pct: float = DEFAULT_STOP_PRECISION_PCT
+    """A (group, size) cell stops repeating once the 90% interval of each of its medians is within this many
+    percent of it on either side (:mod:`umsearch.measure.stopping`); 0: every cell runs all ``repeats`` rounds."""
+    min_repeats: int = MIN_ROUNDS
+    """Fewest timed rounds of every cell (``repeats`` is the most)."""
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -260,7 +292,7 @@ def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tic
 # ---------------------------------------------------------------------------------------- rounds
 @dataclass(frozen=True, kw_only=True)
 class Target:
-    """What a cell times: a group of identical layers (one member per round) or a layer range."""
+    """What a cell times: a group of identical layers (every member in the round's windows) or a layer range."""
 
     name: str
     """For progress and reports."""
@@ -294,17 +326,18 @@ def measured_context(profile: Profile) -> int:
     return got if isinstance(got, int) and not isinstance(got, bool) and got >= 1 else 1
 
 
-def _unit(target: Target, r: int, b: int, built: BuiltModel, chain: Chain, config: ProfileConfig) -> Unit:
+def _span_unit(target: Target, b: int, built: BuiltModel, chain: Chain, config: ProfileConfig) -> Unit:
     L = len(built.layers)
-    if target.span:
-        lo, hi = target.layers[0], target.layers[-1] + 1
-        return Unit(module=torch.nn.Sequential(*built.layers[lo:hi]), x=chain.inputs[b][lo], y=chain.targets[b],
-                    loss=built.loss, first=lo == 0, last=hi == L, precision=config.precision)  # fmt: skip
-    i = target.layers[r % len(target.layers)]
-    lo, hi = context_window(i, L, config.context_layers)
-    return Unit(module=built.layers[i], x=chain.inputs[b][lo], y=chain.targets[b], loss=built.loss, first=lo == 0,
-                last=hi == L, precision=config.precision, before=tuple(built.layers[lo:i]),
-                after=tuple(built.layers[i + 1 : hi]))  # fmt: skip
+    lo, hi = target.layers[0], target.layers[-1] + 1
+    return Unit(module=torch.nn.Sequential(*built.layers[lo:hi]), x=chain.inputs[b][lo], y=chain.targets[b],
+                loss=built.loss, first=lo == 0, last=hi == L, precision=config.precision)  # fmt: skip
+
+
+def _window_unit(lo: int, hi: int, b: int, built: BuiltModel, chain: Chain, config: ProfileConfig) -> Unit:
+    """The layers ``[lo, hi)`` as one burst's window (every one of them timed by :func:`burst_window`)."""
+    L = len(built.layers)
+    return Unit(module=built.layers[lo], x=chain.inputs[b][lo], y=chain.targets[b], loss=built.loss, first=lo == 0,
+                last=hi == L, precision=config.precision, after=tuple(built.layers[lo + 1 : hi]))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,7 +345,8 @@ class Measured:
     """Per-round samples of every cell."""
 
     samples: dict[Cell, dict[str, list[float]]]
-    """Per cell, per quantity, one sample (the burst's median, ms) per timed round."""
+    """Per cell, per quantity, one sample (ms) per timed round: the median of the round's calls of the
+    cell's layers (every member of a pooled group timed in that round, every call of a burst)."""
     sizes: tuple[int, ...]
     """Sizes measured in every round (a size whose burst ran out of memory ends the list)."""
     cpu_share: tuple[float, ...]
@@ -321,53 +355,166 @@ class Measured:
     """Wall time of all rounds."""
     host_allocator: str | None = None
     """What :func:`~umsearch.measure.host_memory.keep_freed_memory` set (CPU), None where nothing was."""
+    rounds: int = 0
+    """Timed rounds run (some cells may have stopped earlier, see :mod:`umsearch.measure.stopping`)."""
+    bursts: int = 0
+    """Bursts run, warm-up included."""
+    stopped: dict[Cell, int] = field(default_factory=dict)
+    """Cells that stopped before ``repeats`` rounds, with their rounds then."""
+    interrupted: KeyboardInterrupt | None = None
+    """The Ctrl-C (or stop signal) that ended the rounds early; None when they ran to the end."""
+
+    def rounds_of(self, cell: Cell) -> int:
+        """Timed rounds that gave ``cell`` a forward sample."""
+        return len(self.samples[cell]["fwd"])
+
+
+def _judged(config: ProfileConfig) -> tuple[str, ...]:
+    return QUANTITIES if config.split else ("fwd", "bwd")
+
+
+def _settled(samples: dict[Cell, dict[str, list[float]]], cells: Sequence[Cell], targets: Sequence[Target],
+             config: ProfileConfig, min_rounds: int) -> list[Cell]:  # fmt: skip
+    """The cells of ``cells`` whose medians are known to the config's precision (:func:`converged`);
+    a quantity under 1% of the measured layers' time at its size is judged against that 1%."""
+    wanted = _judged(config)
+    total: dict[int, float] = {}
+    for c in samples:
+        if not targets[c.target].span:
+            s = samples[c]
+            total[c.size] = total.get(c.size, 0.0) + len(targets[c.target].layers) * (median(s["fwd"]) + median(s["bwd"]))
+    return [c for c in cells
+            if converged({q: samples[c][q] for q in wanted}, precision=config.stop_precision_pct / 100,
+                         min_rounds=min_rounds, floor_ms=MATERIAL * total.get(c.size, 0.0))]  # fmt: skip
 
 
 def measure_cells(
     targets: Sequence[Target], cells: Sequence[Cell], built: BuiltModel, chain: Chain, config: ProfileConfig, *,
     extra: Sequence[Cell] = (), tick: Step | None = None,
 ) -> Measured:  # fmt: skip
-    """Run the rounds of ``cells`` (and ``extra`` in the calibration rounds); see the module doc."""
+    """Run the rounds of ``cells`` (and ``extra`` in the calibration rounds); see the module doc.
+
+    Per round and size, the layer cells still running are timed by the bursts of
+    :func:`~umsearch.measure.rounds.cover_windows` (one burst per window, every layer in it timed), shuffled
+    with the calibration cells of the round. A cell stops once :func:`_settled` (at least
+    ``min_repeats`` rounds); the rounds end when every cell has. Ctrl-C ends them too: what was measured is
+    returned, with ``interrupted`` set.
+    """
     warm, R = config.warmup_rounds, config.repeats
+    L = len(built.layers)
+    min_rounds = max(1, min(config.min_repeats, R))
+    adaptive = config.stop_precision_pct > 0
     allocator = keep_freed_memory() if config.device.type == "cpu" else None
-    marked = [warm + r for r in calibration_rounds(R, config.calibration_rounds)] if extra else []
-    plan = schedule(cells, warm + R, seed=config.seed, extra=extra, extra_rounds=marked)
+    over = min_rounds if adaptive else R  # calibration rounds among those every cell runs
+    marked = {warm + r for r in calibration_rounds(over, config.calibration_rounds)} if extra else set()
+    rng = random.Random(config.seed)
     samples: dict[Cell, dict[str, list[float]]] = {c: {q: [] for q in QUANTITIES} for c in [*cells, *extra]}
-    too_big = None
-    shares = []
+    owner = {i: t for t, tg in enumerate(targets) if not tg.span for i in tg.layers}
+    all_sizes = sorted({c.size for c in cells})
+    stopped: dict[Cell, int] = {}
+    too_big: int | None = None
+    shares: list[float] = []
+    bursts = timed_rounds = 0
+    interrupted: KeyboardInterrupt | None = None
+    calls: dict[Cell, dict[str, list[float]]] = {}
+    r = 0
+
+    def fits(b: int) -> bool:
+        return too_big is None or b < too_big
+
+    def commit() -> None:
+        for c, qs in calls.items():
+            for q, xs in qs.items():
+                if xs:
+                    samples[c][q].append(median(xs))
+
     start = time.perf_counter()
-    for r, cells_r in enumerate(plan):
-        wall, cpu = time.perf_counter(), time.process_time()
-        for cell in cells_r:
-            if too_big is None or cell.size < too_big:
-                target = targets[cell.target]
+    try:
+        for r in range(warm + R):
+            running = [c for c in cells if c not in stopped and fits(c.size)]
+            spans = [c for c in extra if r in marked and fits(c.size)]
+            if r >= warm and not running and not spans:
+                break
+            jobs: list[tuple[int, tuple[int, int] | None, Cell | None]] = []
+            for b in all_sizes:
+                need = sorted({c.target for c in running if c.size == b})
+                if need:
+                    windows = cover_windows([targets[t].layers for t in need], L, config.context_layers, rotation=r)
+                    jobs += [(b, w, None) for w in windows]
+            jobs += [(c.size, None, c) for c in spans]
+            rng.shuffle(jobs)
+            calls = {}
+            wall, cpu = time.perf_counter(), time.process_time()
+            phase = f"warm-up {r + 1}/{warm}" if r < warm else f"round {r - warm + 1}/{R}"
+            for b, window, span in jobs:
+                if not fits(b):
+                    continue
                 try:
-                    got = burst(_unit(target, r, cell.size, built, chain, config), device=config.device,
-                                in_flight=target.in_flight or config.in_flight, split=config.split)  # fmt: skip
+                    if span is not None:
+                        target = targets[span.target]
+                        got = {span: burst(_span_unit(target, b, built, chain, config), device=config.device,
+                                           in_flight=target.in_flight or config.in_flight, split=config.split)}  # fmt: skip
+                        name = target.name
+                    else:
+                        lo, hi = window or (0, 0)
+                        held = [owner[i] for i in range(lo, hi) if i in owner]
+                        flight = min((targets[t].in_flight or config.in_flight for t in held), default=config.in_flight)
+                        timed = tuple(i - lo for i in range(lo, hi) if i in owner)
+                        per = burst_window(_window_unit(lo, hi, b, built, chain, config), device=config.device,
+                                           in_flight=flight, split=config.split, timed=timed)  # fmt: skip
+                        got = {}
+                        for p, qs in per.items():
+                            cell = Cell(owner[lo + p], b)
+                            got.setdefault(cell, {q: [] for q in QUANTITIES})
+                            for q, xs in qs.items():
+                                got[cell][q] += xs
+                        name = f"layers {lo}..{hi - 1}" if hi - lo > 1 else built.names[lo]
                 except Exception as exc:
                     if not _is_oom(exc):
                         raise
                     _release(config.device)
-                    too_big = cell.size
-                    got = {}
-                if r >= warm:
-                    for q, xs in got.items():
-                        if xs:
-                            samples[cell][q].append(median(xs))
-            if tick:
-                phase = f"warm-up {r + 1}/{warm}" if r < warm else f"round {r - warm + 1}/{R}"
-                tick(f"{phase}: {targets[cell.target].name} b={cell.size}")
-        if r >= warm:
-            shares.append((time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9))
-    sizes = tuple(sorted({c.size for c in cells if too_big is None or c.size < too_big}))
+                    too_big = b
+                    continue
+                bursts += 1
+                for cell, qs in got.items():
+                    into = calls.setdefault(cell, {q: [] for q in QUANTITIES})
+                    for q, xs in qs.items():
+                        into[q] += xs
+                if tick:
+                    tick(f"{phase}: {name} b={b}")
+            if r >= warm:
+                commit()
+                calls = {}
+                timed_rounds += 1
+                shares.append((time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9))
+                if adaptive:
+                    for c in _settled(samples, running, targets, config, min_rounds):
+                        if timed_rounds < R:
+                            stopped[c] = timed_rounds
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+        if r >= warm and calls:
+            commit()  # the round's finished bursts count; the burst that was running is lost
+            timed_rounds += 1
+    sizes = tuple(b for b in all_sizes if fits(b))
     return Measured(samples=samples, sizes=sizes, cpu_share=tuple(shares), duration_s=time.perf_counter() - start,
-                    host_allocator=allocator)  # fmt: skip
+                    host_allocator=allocator, rounds=timed_rounds, bursts=bursts, stopped=stopped,
+                    interrupted=interrupted)  # fmt: skip
 
 
 def steps(config: ProfileConfig, cells: int, extra: int) -> int:
-    """Progress steps of :func:`measure_cells` (one per cell per round)."""
+    """Progress steps of :func:`measure_cells` at most (one per cell per round; bursts that time several
+    cells at once and cells that stop early make fewer)."""
     marked = len(calibration_rounds(config.repeats, config.calibration_rounds)) if extra else 0
     return (config.warmup_rounds + config.repeats) * cells + marked * extra
+
+
+def window_steps(config: ProfileConfig, groups: Sequence[Sequence[int]], num_layers: int, sizes: int,
+                 extra: int) -> int:  # fmt: skip
+    """Progress steps (bursts) of :func:`measure_cells` when no cell stops early."""
+    per_size = len(cover_windows(groups, num_layers, config.context_layers))
+    marked = len(calibration_rounds(config.repeats, config.calibration_rounds)) if extra else 0
+    return (config.warmup_rounds + config.repeats) * per_size * sizes + marked * extra
 
 
 # ------------------------------------------------------------------------------------ the profile
@@ -402,6 +549,8 @@ def _calibration(measured: Measured, layers: Sequence[LayerProfile], spans: Sequ
     out = []
     for n, (lo, hi) in enumerate(spans):
         s = measured.samples[Cell(first_range + n, size)]
+        if not s["fwd"]:
+            continue  # interrupted before this range's round
         got = median(s["fwd"]) + median(s["bwd"])
         total = sum(layers[i].fwd_ms[k] + layers[i].bwd_ms[k] for i in range(lo, hi))
         out.append({"layers": [lo, hi], "size": size, "measured_ms": got, "spread_ms": iqr(s["fwd"]) + iqr(s["bwd"]),
@@ -445,9 +594,10 @@ def _param_bytes(built: BuiltModel, layers: Sequence[int]) -> float:
 
 def burst_needs(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]],
                 spans: Sequence[tuple[int, int]], context_layers: int) -> list[Need]:  # fmt: skip
-    """What a burst of each group and of each stage-sized range keeps, from the chain's bytes: a group's
-    member among its context layers keeps every window layer's stash and output (each layer is its own
-    graph), the fullest member's window counting; a range keeps its stash and its last output."""
+    """What a burst of each group and of each stage-sized range keeps, from the chain's bytes: a window of
+    context layers keeps every window layer's stash and output (each layer is its own graph); a group
+    counts the fullest window that holds one of its members (any may be chosen,
+    :func:`~umsearch.measure.rounds.cover_windows`); a range keeps its stash and its last output."""
     L, out, stash, inp = len(built.layers), chain.out_bytes, chain.stash_bytes, chain.in_bytes
 
     def need(name: str, lo: int, hi: int, *, every_output: bool) -> Need:
@@ -455,8 +605,9 @@ def burst_needs(built: BuiltModel, chain: Chain, groups: Sequence[Sequence[int]]
         return Need(name=name, kept_per_sample=kept, transient_per_sample=out[hi - 1] + inp[lo],
                     fixed=_param_bytes(built, range(lo, hi)))  # fmt: skip
 
-    needs = [max((need(group_name(built.names, g), *context_window(i, L, context_layers), every_output=True)
-                  for i in g), key=lambda n: (n.kept_per_sample, n.fixed)) for g in groups]  # fmt: skip
+    needs = [max((need(group_name(built.names, g), lo, hi, every_output=True)
+                  for i in g for lo, hi in windows_holding(i, L, context_layers)),
+                 key=lambda n: (n.kept_per_sample, n.fixed)) for g in groups]  # fmt: skip
     return needs + [need(f"layers {lo}..{hi - 1}", lo, hi, every_output=False) for lo, hi in spans]
 
 
@@ -515,7 +666,7 @@ def profile_model(
     load_before, start = _loadavg(), time.perf_counter()
     L = len(built.layers)
     all_spans = calibration_spans(L)
-    total = [len(config.sizes) + steps(config, L * len(config.sizes), len(all_spans))]  # exact once pooled
+    total = [len(config.sizes) + steps(config, L * len(config.sizes), len(all_spans))]  # at most; exact below
 
     def step(what: str) -> None:
         if tick:
@@ -535,8 +686,10 @@ def profile_model(
                 for (lo, hi), t in zip(spans, kept_span, strict=True)]  # fmt: skip
     cells = [Cell(t, b) for t in range(G) for b in sizes]
     extra = [Cell(G + n, mid) for n in range(len(spans))]
-    total[0] = len(chain.sizes) + steps(config, len(cells), len(extra))
+    total[0] = len(chain.sizes) + window_steps(config, groups, L, len(sizes), len(extra))
     measured = measure_cells(targets, cells, built, chain, config, extra=extra, tick=step)
+    if measured.interrupted is not None:
+        measured = _usable(measured, G)
     if len(measured.sizes) < 2:
         raise ProfilingError(f"only sizes {list(measured.sizes)} fit in memory with {min(mp.in_flight)} or more "
                              "graphs alive; at least two must run; use a smaller model")  # fmt: skip
@@ -545,7 +698,9 @@ def profile_model(
     layers = tuple(_layer(built, chain, i, curves[group_of[i]]) for i in range(L))
     calibration = _calibration(measured, layers, spans, G, mid)
     share = cpu_share_of(measured, config.device)
-    quality = assess(layers, groups=groups, calibration=calibration, rounds=config.repeats, cpu_share=share,
+    per_cell = [measured.rounds_of(Cell(g, b)) for g in range(G) for b in measured.sizes]
+    # The rounds the noisiest cells got (a noisy cell runs them all): what a suggested --repeats doubles.
+    quality = assess(layers, groups=groups, calibration=calibration, rounds=max(per_cell), cpu_share=share,
                      device_type=config.device.type)  # fmt: skip
     memory = {
         "budget_bytes": mp.budget_bytes, "cap_bytes": config.memory_cap_bytes,
@@ -560,7 +715,16 @@ def profile_model(
                   + ("each timed among its neighbours, " if config.context_layers > 1 else "")
                   + "monotone fit (umsearch.measure.profiler)",
         "context_layers": config.context_layers,
-        "rounds": config.repeats, "repeats": config.repeats, "warmup_rounds": config.warmup_rounds,
+        "rounds": max(per_cell), "repeats": config.repeats, "warmup_rounds": config.warmup_rounds,
+        "stopping": {"rule": "a (layer group, size) cell stops once each quantity's median is known to "
+                             "stop_precision_pct of it (or of 1% of the layers' time at that size) at 90%: "
+                             "1.645 * 0.93 * IQR / sqrt(rounds) (umsearch.measure.stopping)",
+                     "stop_precision_pct": config.stop_precision_pct, "min_repeats": min(config.min_repeats,
+                                                                                          config.repeats),
+                     "rounds_per_cell": {"min": min(per_cell), "median": statistics.median(per_cell),
+                                         "max": max(per_cell)},
+                     "cells_stopped_early": len(measured.stopped), "cells": len(per_cell),
+                     "rounds_run": measured.rounds, "bursts": measured.bursts},
         "in_flight": flights[0] if len(flights) == 1 else f"{flights[0]}-{flights[-1]}", "order": ORDER,
         "seed": config.seed,
         "calibration_rounds": len(calibration_rounds(config.repeats, config.calibration_rounds)),
@@ -569,13 +733,53 @@ def profile_model(
         if config.split else None,
         "timing": TIMING[config.device.type == "cuda"], "host_allocator": measured.host_allocator,
         "precision": switches, "memory": memory,
-        "duration_s": time.perf_counter() - start, "cpu_share": share,
+        "duration_s": time.perf_counter() - start, "rounds_s": measured.duration_s, "cpu_share": share,
         "cpu_share_per_round": list(measured.cpu_share), "loadavg_1m": [load_before, _loadavg()],
     }  # fmt: skip
     extra_json = {"model_spec": spec.to_json(), "largest_size_that_fit": measured.sizes[-1],
                   "requested_sizes": list(config.sizes), "calibration": calibration, "quality": quality,
                   "pooled": quality["pooled"], "measurement": measurement,
                   "precision": config.precision.name}  # fmt: skip
-    return Profile(model=f"{spec.source} {spec.args}", device=device_name(config.device),
+    if measured.interrupted is not None:
+        extra_json["partial"] = partial_record(measured, config, per_cell)
+    prof = Profile(model=f"{spec.source} {spec.args}", device=device_name(config.device),
                    dtype=config.precision.dtype_text, microbatch_sizes=measured.sizes, input_bytes=chain.input_bytes,
                    layers=layers, link=link, extra=extra_json)  # fmt: skip
+    if measured.interrupted is not None:
+        raise ProfileInterrupted(prof, measured.interrupted)
+    return prof
+
+
+class ProfileInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a stop signal) during the timing rounds: :attr:`profile` is what was measured, marked
+    partial (``partial`` in its JSON, :func:`umsearch.core.profile.profile_partial`).
+
+    A ``KeyboardInterrupt``, so that a caller that does not catch it stops as before; ``cause`` is the
+    interrupt itself (an :class:`~umsearch.core.errors.Interrupted` carries the signal).
+    """
+
+    def __init__(self, profile: Profile, cause: KeyboardInterrupt) -> None:
+        super().__init__(f"interrupted; partial profile of {len(profile.microbatch_sizes)} sizes kept")
+        self.profile = profile
+        self.cause = cause
+
+
+def _usable(measured: Measured, groups: int) -> Measured:
+    """An interrupted measurement cut to the sizes every group has a sample of (at least 1 and one more),
+    else the interrupt goes on: there is nothing to keep."""
+    assert measured.interrupted is not None
+    sizes = tuple(b for b in measured.sizes if all(measured.rounds_of(Cell(g, b)) for g in range(groups)))
+    if len(sizes) < 2 or sizes[0] != 1:
+        raise measured.interrupted
+    return replace(measured, sizes=sizes)
+
+
+def partial_record(measured: Measured, config: ProfileConfig, per_cell: Sequence[int]) -> dict[str, Any]:
+    """The profile's ``partial`` field: why and how far the rounds got."""
+    cause = measured.interrupted
+    what = "Ctrl-C" if cause is None or type(cause) is KeyboardInterrupt else str(cause) or type(cause).__name__
+    return {"reason": f"interrupted ({what}) after {measured.rounds} of at most {config.repeats} timed rounds; "
+                      f"cells have {min(per_cell)}-{max(per_cell)} rounds, sizes {list(measured.sizes)} of "
+                      f"{list(config.sizes)}",
+            "rounds": measured.rounds, "repeats": config.repeats, "min_rounds_per_cell": min(per_cell),
+            "sizes": list(measured.sizes)}  # fmt: skip
