@@ -56,7 +56,9 @@ class FakeMachine:
         self.seen.append([e.name for e in entries])
         out = []
         for e in entries:
-            t = self.times[e.name]
+            # A torch schedule's own plan through PlanSchedule (the model check) runs as fast as torch's class.
+            name = "torch " + e.name.removesuffix(" via PlanSchedule") if e.name not in self.times else e.name
+            t = self.times[name]
             ms = t[self.calls % len(t)] if isinstance(t, list) else t
             out.append(Measured(step_ms=tuple(ms * (1 + 0.01 * ((r % 3) - 1)) for r in range(rounds))))
         self.calls += 1
@@ -134,7 +136,9 @@ def test_a_contender_keeps_one_name_across_rounds_and_names_stay_unique() -> Non
 
     machine = FakeMachine({**TIMES, "GPipe x2 #2": 40.0})
     tune(PROFILE, propose, machine, TuneConfig(max_rounds=2, measure_rounds=3))
-    assert machine.seen[1] == ["GPipe x2 #2", "1F1B x8", "Interleaved1F1B x4 v2", "torch GPipe", "torch ZBVZeroBubble"]
+    # Round 2 adds the plan of round 1's fastest torch schedule through PlanSchedule (the model check).
+    assert machine.seen[1] == ["GPipe x2 #2", "1F1B x8", "Interleaved1F1B x4 v2", "torch GPipe", "torch ZBVZeroBubble",
+                               "ZBVZeroBubble via PlanSchedule"]  # fmt: skip
 
 
 def test_ctrl_c_keeps_the_rounds_measured_before_it() -> None:
@@ -221,3 +225,14 @@ def test_the_search_proposer_fills_k_from_a_search_per_structure(tmp_path: Path)
     peers = [c for c in candidates if c.runtime == "torch"]
     assert plans and len({structure(c.plan) for c in plans}) == len(plans)
     assert {c.schedule for c in peers} <= set(space.schedule.peers) and peers
+
+
+def test_the_model_is_checked_on_the_best_torch_schedules_own_plan_through_plan_schedule() -> None:
+    result = tune(PROFILE, _candidates, FakeMachine(TIMES), TuneConfig(max_rounds=5, measure_rounds=3))
+    winner = document(result, {})["winner"]
+    check = winner["model_check"]
+    assert winner["name"] == "1F1B x8" and check["peer_plan"] == "ZBVZeroBubble via PlanSchedule"
+    assert check["measured_ratio_over_winner"]["median"] == pytest.approx(23.0 / 22.0)
+    want = simulate(PLANS["ZBVZeroBubble x8 v2"], CostModel(result.profile)).iteration_ms / \
+        simulate(PLANS["1F1B x8"], CostModel(result.profile)).iteration_ms  # fmt: skip
+    assert check["predicted_ratio_over_winner"] == pytest.approx(want)

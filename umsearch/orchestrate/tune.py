@@ -230,10 +230,17 @@ class _Loop:
         return dataclasses.replace(c, name=self.names[c.key])
 
     def contenders(self) -> list[Candidate]:
-        """This round's proposal, and the last round's fastest when the proposal lacks it."""
+        """This round's proposal, and the last round's fastest when the proposal lacks it; and the plan of the
+        torch schedule that measured fastest last round through PlanSchedule (the model check's other side,
+        :func:`umsearch.orchestrate.tune_output.model_check`)."""
         cands = list(self.propose(self.current))
         if self.rounds:
-            cands.append(self.rounds[-1].fastest.candidate)
+            last = self.rounds[-1]
+            cands.append(last.fastest.candidate)
+            peers = [c for c in last.contenders if c.candidate.runtime == "torch"]
+            if peers:
+                best = min(peers, key=lambda c: c.median_ms).candidate
+                cands.append(Candidate(name=f"{best.schedule} via PlanSchedule", plan=best.plan, runtime="umsearch"))
         return list({c.key: self.named(c) for c in cands}.values())
 
     def refit(self, index: int, cands: Sequence[Candidate], got: Sequence[Measured]) -> dict[str, Any] | None:
