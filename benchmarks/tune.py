@@ -103,12 +103,12 @@ def summary(result: Any) -> dict[str, Any]:
         # The tuned plan against every torch schedule class, all on the same kind of PipelineStages.
         out["every_torch"] = {c.candidate.schedule: _ratio(paired_ratio(c, w)) for c in last
                               if c.candidate.runtime == "torch"}  # fmt: skip
-        check = model_check(last, w)
-        if check is not None:
-            r, pred = check["measured_ratio_over_winner"], check["predicted_ratio_over_winner"]
-            out["model_check"] = {"peer_plan": check["peer_plan"], **_ratio(r), "predicted_ratio": pred,
-                                  "predicted_inside_interval": None if pred is None else
-                                  r["ci95"][0] <= pred <= r["ci95"][1]}  # fmt: skip
+    check = model_check(last, w)
+    if check is not None:
+        r, pred = check["measured_ratio_over_tuned"], check["predicted_ratio_over_tuned"]
+        out["model_check"] = {"peer_plan": check["peer_plan"], "tuned_plan": check["tuned_plan"], **_ratio(r),
+                              "predicted_ratio": pred, "predicted_inside_interval": None if pred is None else
+                              r["ci95"][0] <= pred <= r["ci95"][1]}  # fmt: skip
     ok = [c for c in last if c.predicted_after_ms is not None]
     out["kendall_tau_separated_pairs"] = separated_tau([c.predicted_after_ms or 0.0 for c in ok],
                                                        [c.median_ms for c in ok], [c.ci95_ms for c in ok])

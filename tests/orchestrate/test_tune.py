@@ -232,7 +232,17 @@ def test_the_model_is_checked_on_the_best_torch_schedules_own_plan_through_plan_
     winner = document(result, {})["winner"]
     check = winner["model_check"]
     assert winner["name"] == "1F1B x8" and check["peer_plan"] == "ZBVZeroBubble via PlanSchedule"
-    assert check["measured_ratio_over_winner"]["median"] == pytest.approx(23.0 / 22.0)
+    assert check["measured_ratio_over_tuned"]["median"] == pytest.approx(23.0 / 22.0)
     want = simulate(PLANS["ZBVZeroBubble x8 v2"], CostModel(result.profile)).iteration_ms / \
         simulate(PLANS["1F1B x8"], CostModel(result.profile)).iteration_ms  # fmt: skip
-    assert check["predicted_ratio_over_winner"] == pytest.approx(want)
+    assert check["predicted_ratio_over_tuned"] == pytest.approx(want)
+
+
+def test_where_a_torch_schedule_wins_the_model_is_checked_against_the_fastest_other_plan() -> None:
+    times = {**TIMES, "torch ZBVZeroBubble": 20.0}
+    result = tune(PROFILE, _candidates, FakeMachine(times), TuneConfig(max_rounds=5, measure_rounds=3))
+    winner = document(result, {})["winner"]
+    assert winner["runtime"] == "torch" and winner["schedule"] == "ZBVZeroBubble"
+    check = winner["model_check"]
+    assert check["peer_plan"] == "ZBVZeroBubble via PlanSchedule" and check["tuned_plan"] == "1F1B x8"
+    assert check["measured_ratio_over_tuned"]["median"] == pytest.approx(20.0 / 22.0)

@@ -41,18 +41,21 @@ def best_torch(contenders: tuple[ContenderResult, ...]) -> ContenderResult | Non
 
 def model_check(contenders: tuple[ContenderResult, ...], winner: ContenderResult) -> dict[str, Any] | None:
     """The model judged on the runtime it describes: the best torch schedule's own plan through PlanSchedule
-    against the winner, measured (paired ratio) and predicted (None where either did not run there)."""
+    against the tuned plan (the winner, or where a torch schedule won, the fastest other plan through
+    PlanSchedule), measured (paired ratio) and predicted; None where either did not run."""
     peer = best_torch(contenders)
-    if peer is None or winner.candidate.runtime != "umsearch":
+    if peer is None:
         return None
-    own = next((c for c in contenders if c.candidate.runtime == "umsearch" and c is not winner
+    own = next((c for c in contenders if c.candidate.runtime == "umsearch"
                 and c.candidate.plan == peer.candidate.plan), None)  # fmt: skip
-    if own is None:
+    plans = [c for c in contenders if c.candidate.runtime == "umsearch" and c is not own]
+    tuned = winner if winner.candidate.runtime == "umsearch" else min(plans, key=lambda c: c.median_ms, default=None)
+    if own is None or tuned is None or tuned is own:
         return None
-    predicted = (own.predicted_after_ms / winner.predicted_after_ms
-                 if own.predicted_after_ms and winner.predicted_after_ms else None)  # fmt: skip
-    return {"peer_plan": own.candidate.name, "measured_ratio_over_winner": paired_ratio(own, winner),
-            "predicted_ratio_over_winner": predicted}
+    predicted = (own.predicted_after_ms / tuned.predicted_after_ms
+                 if own.predicted_after_ms and tuned.predicted_after_ms else None)  # fmt: skip
+    return {"peer_plan": own.candidate.name, "tuned_plan": tuned.candidate.name,
+            "measured_ratio_over_tuned": paired_ratio(own, tuned), "predicted_ratio_over_tuned": predicted}
 
 
 def verdict(result: TuneResult) -> str:
@@ -125,10 +128,10 @@ def report_md(result: TuneResult, meta: dict[str, Any]) -> str:
               "against, never fitted. Every contender ran on torch's PipelineStage objects in the same processes."]  # fmt: skip
     check = model_check(result.rounds[-1].contenders, result.winner) if result.winner is not None else None
     if check is not None:
-        r = check["measured_ratio_over_winner"]
-        pred = check["predicted_ratio_over_winner"]
-        lines += ["", f"Model check on the runtime it describes: {check['peer_plan']} took {r['median']:.3f}x the "
-                      f"winner's time [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]; predicted "
+        r = check["measured_ratio_over_tuned"]
+        pred = check["predicted_ratio_over_tuned"]
+        lines += ["", f"Model check on the runtime it describes: {check['peer_plan']} took {r['median']:.3f}x "
+                      f"{check['tuned_plan']}'s time [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]; predicted "
                       f"{'-' if pred is None else f'{pred:.3f}x'}."]  # fmt: skip
     for r in result.rounds:
         lines += ["", f"## Round {r.index + 1}", "",
