@@ -12,7 +12,6 @@ from typing import Any, cast
 import pytest
 import torch
 
-from tests.contract import example8
 from tests.runtime.test_data_parallel import DP_PLANS
 from tests.runtime.test_distributed import tiny_model
 from umsearch.core.cost import CostModel
@@ -29,7 +28,7 @@ from umsearch.runtime.config import (
     to_argv,
 )
 from umsearch.runtime.launch import launch
-from umsearch.runtime.placement import check_runnable, replica_worlds
+from umsearch.runtime.placement import replica_worlds
 from umsearch.runtime.zero1 import Zero1Optimizer, make_optimizer, optimizer_factory
 from umsearch.sim.reference import state_factor
 
@@ -59,10 +58,6 @@ def test_the_optimizer_travels_as_a_flag_and_defaults_to_sgd() -> None:
     back, _ = configs_from_values({"optimizer": "adam", "lr": 0.05})
     assert back == cfg and configs_from_values({})[0].optimizer == "sgd"
     assert to_argv(RunConfig(), ModelChoice()).count("--optimizer=sgd") == 1
-
-
-def test_a_zero1_plan_is_runnable() -> None:
-    check_runnable(example8(zero1=True))
 
 
 # ---------------------------------------------------------------------------
