@@ -41,20 +41,22 @@ def _expressed(plan: Plan, modules: list[str]) -> TorchtitanExport:
     return torchtitan_export(plan, modules)
 
 
-def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str], why: PlanError) -> tuple[TorchtitanExport, str]:
+def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str],
+              why: PlanError) -> tuple[TorchtitanExport, str] | PlanError:  # fmt: skip
     """The fastest baseline beside the plan that torchtitan can run, each checked against the plan first.
 
     Times are the simulator's under the plan's profile, not the file's claims.
-    Raises ``why`` (with the way out) when there is none.
+    Returns the reason (with the way out) when there is none; raises when the baselines file is malformed or
+    none of its baselines fits the plan (the file is wrong).
     """
     from umsearch.core.baselines_file import BASELINES_FILE, checked_baselines
     from umsearch.sim.reference import simulate
 
     path = plan_path.with_name(BASELINES_FILE)
     if not path.is_file():
-        raise PlanError(f"{plan_path} cannot be expressed in torchtitan ({why}), and no {BASELINES_FILE} lies "
-                        "beside it to take a baseline from; export a search's output folder plan, or run it with "
-                        "umsearch run")  # fmt: skip
+        return PlanError(f"{plan_path} cannot be expressed in torchtitan ({why}), and no {BASELINES_FILE} lies "
+                         "beside it to take a baseline from; export a search's output folder plan, or run it with "
+                         "umsearch run")  # fmt: skip
     usable, refused = checked_baselines(path, loaded.plan)
     cost = loaded.cost()
     times = [(simulate(b.plan, cost).iteration_ms, b) for b in usable]
@@ -71,8 +73,11 @@ def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str], why: Plan
                 "umsearch run")  # fmt: skip
         return exp, note
     skipped = f" (ignored: {'; '.join(refused[:3])})" if refused else ""
-    raise PlanError(f"{plan_path} cannot be expressed in torchtitan ({why}), and no baseline in {path} can "
-                    f"either{skipped}; run the plan with umsearch run")  # fmt: skip
+    none = PlanError(f"{plan_path} cannot be expressed in torchtitan ({why}), and no baseline in {path} can "
+                     f"either{skipped}; run the plan with umsearch run")  # fmt: skip
+    if refused and not usable:
+        raise none  # the baselines file beside the plan is wrong: say so rather than work around it
+    return none
 
 
 def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
@@ -86,14 +91,14 @@ def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
     try:
         exp = _expressed(loaded.plan, modules)
     except PlanError as why:
-        try:
-            exp, note = _fallback(loaded, plan_path, modules, why)
-        except PlanError as none:
+        found = _fallback(loaded, plan_path, modules, why)
+        if isinstance(found, PlanError):
             # Stock torchtitan settings cannot carry the plan, but PlanSchedule can: the recipe alone.
             files = _recipe(loaded.plan, modules, out, plan_path, notes)
             if not files:
-                raise none from None
-            return files + [f"no torchtitan.toml: {none}"] + notes
+                raise found from None
+            return files + [f"no torchtitan.toml: {found}"] + notes
+        exp, note = found
         notes.append(note)
     notes.extend(exp.notes)  # data-parallel replicas: what torchtitan runs instead
     header = (f"torchtitan settings written by umsearch export from {plan_path}\n"
