@@ -82,7 +82,12 @@ def _ratio(r: dict[str, Any]) -> dict[str, Any]:
 
 def summary(result: Any) -> dict[str, Any]:
     """The figures of the issue's 'done when', from the loop's last round."""
-    from umsearch.orchestrate.tune_output import best_torch, model_check, paired_ratio
+    from umsearch.orchestrate.tune_output import (
+        best_torch,
+        model_check,
+        paired_ratio,
+        predicted_ratio,
+    )
 
     last = result.rounds[-1].contenders
     w = result.winner
@@ -92,8 +97,7 @@ def summary(result: Any) -> dict[str, Any]:
     if peer is not None and peer is not w:
         r = paired_ratio(peer, w)
         lo, hi = r["ci95"]
-        pred = (peer.predicted_after_ms / w.predicted_after_ms
-                if peer.predicted_after_ms and w.predicted_after_ms else None)  # fmt: skip
+        pred = predicted_ratio(peer, w)
         out.update(measured_ratio=r["median"], measured_ratio_ci95=r["ci95"], predicted_ratio=pred,
                    predicted_inside_interval=None if pred is None else lo <= pred <= hi,
                    interval_half_width_points=100 * (hi - lo) / 2, interval_above_1=lo > 1.0)  # fmt: skip

@@ -17,7 +17,8 @@ from umsearch.core.actions import ActionRecord
 from umsearch.core.errors import PlanError
 from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
-from umsearch.runtime.preflight import DeviceMemory, check_memory, memory_refusal, size_text
+from umsearch.core.units import format_bytes
+from umsearch.runtime.preflight import DeviceMemory, check_memory, memory_refusal
 from umsearch.runtime.run_plan import (
     NOT_MEASURED_ON_CPU,
     RunResult,
@@ -77,7 +78,7 @@ def test_check_memory_says_the_ways_out_in_one_line() -> None:
 
 
 def test_sizes_print_as_the_tables_do() -> None:
-    assert [size_text(v) for v in (512, 1536, 3 * 2**20, 1.5 * GiB)] == ["512 B", "1.50 KiB", "3.00 MiB", "1.50 GiB"]
+    assert [format_bytes(v) for v in (512, 1536, 3 * 2**20, 1.5 * GiB)] == ["512 B", "1.50 KiB", "3.00 MiB", "1.50 GiB"]
 
 
 def test_mismatched_lists_are_a_programming_error() -> None:

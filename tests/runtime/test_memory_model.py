@@ -4,8 +4,8 @@ the contract holds, and the known gap marked (results/curated/memory_model_notes
 from __future__ import annotations
 
 import pytest
-import torch
 
+from benchmarks.replay import sharing
 from tests.runtime.helpers import peer_plan
 from umsearch.core.cost import CostModel
 from umsearch.core.model_spec import ModelSpec
@@ -60,47 +60,22 @@ def test_state_is_exactly_the_state_factor_times_the_parameters(optimizer: str, 
         assert tally.optimizer_bytes == (factor - 2) * tally.param_bytes + steps
 
 
-def test_activations_agree_within_5_percent_where_no_storage_crosses_a_layer_boundary() -> None:
-    plan, cost = _plan(GPT), CostModel(_profile(GPT), state_factor=2.0)
+def _activations_agree_within_5_percent(spec: ModelSpec) -> None:
+    """Every rank's tallied peak of saved activations is section 5's prediction within 5%."""
+    plan, cost = _plan(spec), CostModel(_profile(spec), state_factor=2.0)
     preds = predict(plan, cost)
     for r in range(plan.ranks):
-        tally = replay_rank(plan, spec_factory(GPT), r, steps=1).tally
+        tally = replay_rank(plan, spec_factory(spec), r, steps=1).tally
         assert tally.saved_peak_bytes == pytest.approx(preds[r].activation_bytes, rel=0.05)
 
 
-def _boundary_shared(spec: ModelSpec, b: int = 4) -> list[float]:
-    """Per layer ``i``, bytes per sample saved both by layer ``i-1`` and by layer ``i``."""
-    from umsearch.nn.models import build_model
-
-    built = build_model(spec)
-    x, y = built.make_batch(b, torch.Generator().manual_seed(0))
-    prev: set[int] = set()
-    shared = []
-    for i, m in enumerate(built.layers):
-        inp = x.detach().requires_grad_(i > 0)
-        seen: dict[int, int] = {}
-
-        def pack(t: torch.Tensor, seen: dict[int, int] = seen) -> torch.Tensor:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = m(inp)
-            if i == len(built.layers) - 1:
-                built.loss(out, y)
-        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
-        shared.append(sum(v for k, v in seen.items() if k in prev and k not in params) / b)
-        prev, x = set(seen), out.detach()
-    return shared
+def test_activations_agree_within_5_percent_where_no_storage_crosses_a_layer_boundary() -> None:
+    _activations_agree_within_5_percent(GPT)
 
 
 @pytest.mark.xfail(strict=True, reason=GAP)
 def test_activations_agree_within_5_percent_on_an_mlp() -> None:
-    plan, cost = _plan(MLP), CostModel(_profile(MLP), state_factor=2.0)
-    preds = predict(plan, cost)
-    for r in range(plan.ranks):
-        tally = replay_rank(plan, spec_factory(MLP), r, steps=1).tally
-        assert tally.saved_peak_bytes == pytest.approx(preds[r].activation_bytes, rel=0.05)
+    _activations_agree_within_5_percent(MLP)
 
 
 def test_the_mlp_gap_is_the_storages_counted_on_both_sides_of_a_boundary() -> None:
@@ -109,7 +84,7 @@ def test_the_mlp_gap_is_the_storages_counted_on_both_sides_of_a_boundary() -> No
     profile = _profile(MLP)
     plan, cost = _plan(MLP), CostModel(profile, state_factor=2.0)
     last = plan.stages[-1]
-    shared = _boundary_shared(MLP)
+    shared = sharing(MLP)["shared"]  # the benchmark's measurement of the boundaries
     assert all(s > 0 for s in shared[1:])  # every boundary: Tanh's output is the next layer's saved input
     n = max(last.forward)
     stash = cost.stash_bytes(last.lo, last.hi)

@@ -44,16 +44,7 @@ def print_report(report: dict[str, Any]) -> None:
                   f"{report['scales']} {escape(json.dumps(scale)) if scale else '(none)'} "
                   f"(rms residual {report['rms_residual_ms']:.4f} ms over {report['actions']} actions and "
                   f"{report['range_rows']} profiled ranges)")  # fmt: skip
-    for r in report["probe_rows"]:
-        held = r["predicted_held_out_ms"]
-        console.print(f"  {escape(r['probe']):24s} measured {r['measured_ms']:8.2f} ms  predicted "
-                      f"{r['predicted_bare_ms']:8.2f} -> {r['predicted_ms']:8.2f} ms"
-                      + (f", held out {held:8.2f} ms" if held is not None else ""))  # fmt: skip
-    held_out = report["held_out_mape_percent"]
-    console.print(f"iteration-time error of the probes: {report['mape_percent_bare']:.1f}% uncalibrated, "
-                  f"{report['mape_percent']:.1f}% in-sample, [bold]"
-                  + (f"{held_out:.1f}%[/] held out (each probe predicted by a fit of the others)"
-                     if held_out is not None else "no held-out error[/] (one probe only)"))  # fmt: skip
+    _print_probes(report, "measured", "iteration-time error of the probes")
 
 
 def _print_replay_report(report: dict[str, Any]) -> None:
@@ -67,14 +58,20 @@ def _print_replay_report(report: dict[str, Any]) -> None:
     console.print(f"kept from the profile, not fitted (a replayed rank posts and waits for no message): message "
                   f"overhead {report['message_overhead_ms']:.4f} ms + {report['message_overhead_ms_per_mib']:.4f} "
                   "ms/MiB per cross-rank message, and the links")  # fmt: skip
+    _print_probes(report, "busy", "busy-time error of the replayed probes (every rank's actions summed)")
+
+
+def _print_probes(report: dict[str, Any], measured: str, error: str) -> None:
+    """One line per probe (its ``measured`` figure, predicted bare, calibrated and held out), then the
+    ``error`` uncalibrated, in-sample and held out."""
     for r in report["probe_rows"]:
         held = r["predicted_held_out_ms"]
-        console.print(f"  {escape(r['probe']):24s} busy {r['measured_ms']:8.2f} ms  predicted "
+        console.print(f"  {escape(r['probe']):24s} {measured} {r['measured_ms']:8.2f} ms  predicted "
                       f"{r['predicted_bare_ms']:8.2f} -> {r['predicted_ms']:8.2f} ms"
                       + (f", held out {held:8.2f} ms" if held is not None else ""))  # fmt: skip
     held_out = report["held_out_mape_percent"]
-    console.print(f"busy-time error of the replayed probes (every rank's actions summed): "
-                  f"{report['mape_percent_bare']:.1f}% uncalibrated, {report['mape_percent']:.1f}% in-sample, [bold]"
+    console.print(f"{error}: {report['mape_percent_bare']:.1f}% uncalibrated, {report['mape_percent']:.1f}% "
+                  "in-sample, [bold]"
                   + (f"{held_out:.1f}%[/] held out (each probe predicted by a fit of the others)"
                      if held_out is not None else "no held-out error[/] (one probe only)"))  # fmt: skip
 

@@ -11,9 +11,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from umsearch.cli.console import console, write_output
-from umsearch.cli.tables import format_bytes
 from umsearch.core.errors import PlanError
 from umsearch.core.outputs import check_output_file
+from umsearch.core.units import format_bytes
 
 
 def compare_rows(paths: tuple[str, ...], profile: str | None) -> list[dict[str, Any]]:

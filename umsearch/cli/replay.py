@@ -124,7 +124,7 @@ def _print(doc: dict[str, Any], out: str | None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from umsearch.cli.tables import format_bytes
+    from umsearch.core.units import format_bytes
 
     def size(x: float | None) -> str:
         return "-" if x is None else format_bytes(x)

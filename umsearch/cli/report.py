@@ -16,13 +16,13 @@ from typing import Any
 
 from rich.table import Table
 
-from umsearch.cli.tables import format_bytes
 from umsearch.core.cost import CostModel
 from umsearch.core.errors import OutputError
 from umsearch.core.jsonio import write_json, write_text_atomic
 from umsearch.core.output_folder import OutputFolder
 from umsearch.core.plan_io import PlanDocument, save_document
 from umsearch.core.profile import Profile, file_sha256
+from umsearch.core.units import format_bytes
 from umsearch.search.baselines import GREEDY
 from umsearch.search.driver import SearchResult
 from umsearch.search.scoring import Scored

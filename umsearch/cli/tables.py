@@ -12,16 +12,8 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from umsearch.core.plan import Plan
+from umsearch.core.units import format_bytes
 from umsearch.sim.result import SimResult
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable binary size (``1.50 GiB``)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def run_length(sizes: Sequence[int]) -> str:

@@ -115,15 +115,16 @@ class _ScheduleJob:
     iteration alike: from a barrier to the end of the optimizer step."""
 
     def __init__(self, plan: Plan, schedule: str | None, shared: _Shared) -> None:
-        import torch
         from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
         from umsearch.runtime.plan_schedule import PlanSchedule
+        from umsearch.runtime.zero1 import make_optimizer
 
         self.plan, self.cfg = plan, shared.cfg
         self.model, mods, stages = shared.stages(plan, schedule is not None)
         mine = plan.stages_of(shared.rank)
         self.first, self.last = 0 in mine, plan.num_stages - 1 in mine
+        self.records = schedule is None  # PlanSchedule brings back every action's times
         if schedule is None:
             self.sched: Any = PlanSchedule(stages, plan, self.model.loss, precision=shared.cfg.precision,
                                            comm=shared.comm(plan) if plan.ranks > 1 else None)  # fmt: skip
@@ -131,7 +132,7 @@ class _ScheduleJob:
             cls = get_schedule_class(schedule)
             multi = issubclass(cls, PipelineScheduleMulti)
             self.sched = cls(stages if multi else stages[0], len(plan.stages[0].forward), loss_fn=self.model.loss)
-        self.opt = torch.optim.SGD([p for m in mods for p in m.parameters()], lr=shared.cfg.lr)
+        self.opt = make_optimizer(shared.cfg.optimizer, shared.cfg.lr, [list(m.parameters()) for m in mods])
 
     def step(self, step: int) -> Any:
         """Iteration ``step`` (its batch fixed by the run's seed): PlanSchedule's stats with the wall time as
@@ -139,18 +140,18 @@ class _ScheduleJob:
         import torch
         import torch.distributed as dist
 
-        from umsearch.runtime.plan_schedule import PlanSchedule
-
         x, y = self.model.make_batch(self.plan.global_batch,
                                      torch.Generator().manual_seed(self.cfg.batch_seed(step)))  # fmt: skip
-        self.opt.zero_grad(set_to_none=True)
+        if self.opt is not None:
+            self.opt.zero_grad(set_to_none=True)
         dist.barrier()
         t0 = time.perf_counter()
         self.sched.step(*((x,) if self.first else ()), target=y if self.last else None,
                         losses=[] if self.last else None)  # fmt: skip
-        self.opt.step()
+        if self.opt is not None:
+            self.opt.step()
         ms = (time.perf_counter() - t0) * 1e3
-        if isinstance(self.sched, PlanSchedule):
+        if self.records:
             assert self.sched.stats is not None
             return dataclasses.replace(self.sched.stats, step_ms=ms)
         return ms

@@ -33,6 +33,11 @@ def paired_ratio(a: ContenderResult, b: ContenderResult) -> dict[str, Any]:
     return {"median": statistics.median(ratios), "ci95": list(bootstrap_median_ci(ratios))}
 
 
+def predicted_ratio(a: ContenderResult, b: ContenderResult) -> float | None:
+    """``a``'s predicted time over ``b``'s after the refit (None where either has no prediction)."""
+    return a.predicted_after_ms / b.predicted_after_ms if a.predicted_after_ms and b.predicted_after_ms else None
+
+
 def best_torch(contenders: tuple[ContenderResult, ...]) -> ContenderResult | None:
     """The torch schedule (its own class) that measured fastest (None: no peer ran)."""
     peers = [c for c in contenders if c.candidate.runtime == "torch"]
@@ -52,10 +57,9 @@ def model_check(contenders: tuple[ContenderResult, ...], winner: ContenderResult
     tuned = winner if winner.candidate.runtime == "umsearch" else min(plans, key=lambda c: c.median_ms, default=None)
     if own is None or tuned is None or tuned is own:
         return None
-    predicted = (own.predicted_after_ms / tuned.predicted_after_ms
-                 if own.predicted_after_ms and tuned.predicted_after_ms else None)  # fmt: skip
     return {"peer_plan": own.candidate.name, "tuned_plan": tuned.candidate.name,
-            "measured_ratio_over_tuned": paired_ratio(own, tuned), "predicted_ratio_over_tuned": predicted}
+            "measured_ratio_over_tuned": paired_ratio(own, tuned),
+            "predicted_ratio_over_tuned": predicted_ratio(own, tuned)}
 
 
 def verdict(result: TuneResult) -> str:
@@ -93,8 +97,7 @@ def document(result: TuneResult, meta: dict[str, Any]) -> dict[str, Any]:
                       "schedule": peer.candidate.schedule, "measured_median_ms": peer.median_ms,
                       "measured_ci95_ms": list(peer.ci95_ms), "predicted_ms": peer.predicted_after_ms,
                       "measured_ratio_over_winner": paired_ratio(peer, w),
-                      "predicted_ratio_over_winner": (peer.predicted_after_ms / w.predicted_after_ms
-                                                      if peer.predicted_after_ms and w.predicted_after_ms else None)},
+                      "predicted_ratio_over_winner": predicted_ratio(peer, w)},
                   "model_check": model_check(result.rounds[-1].contenders, w)}  # fmt: skip
     calibration = result.profile.runtime.calibration or {}
     return {"schema": SCHEMA, **meta, "stopped": result.stopped, "interrupted": result.interrupted,

@@ -68,7 +68,7 @@ from umsearch.runtime.comm import Comm, Handle, first_line
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
-from umsearch.runtime.stage import LossFn, StageCompute
+from umsearch.runtime.stage import LossFn, StageCompute, rows_of
 from umsearch.runtime.timing import LayerRecord, StampClock
 
 RECV_WINDOW = 2
@@ -426,8 +426,7 @@ class StageExecutor:
             if dst is not None:
                 where = f"the output of stage {j} (layer {fwd.sent_boundary(st[j].lo, st[j].hi)})"
                 with self.precision.autocast(self.device):  # the dtype the stage really sends
-                    one = {k: v.narrow(0, 0, 1) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-                    out_shape[j] = probe(self.stages[j].module, sample, where, one)
+                    out_shape[j] = probe(self.stages[j].module, sample, where, rows_of(kwargs, 0, 1))
                 self.grads[j].shape = out_shape[j]  # the gradient it gets back is its output's
                 if st[dst].rank != self.rank:
                     header = encode(out_shape[j]).to(self.device)

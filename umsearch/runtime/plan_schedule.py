@@ -85,7 +85,6 @@ class PlanSchedule(_PipelineSchedule):
         self.executor = StageExecutor(self.plan, self.rank, [s.submod for s in mine], loss_fn, comm, device=device,
                                       precision=precision, mean_loss=scale_grads, keep_outputs=True)  # fmt: skip
         self._eval: StageExecutor | None = None
-        self._loss_fn_given = loss_fn is not None
         self.stats: IterationStats | None = None
         """What the last ``step`` measured on this rank (every action's times)."""
 
@@ -114,7 +113,7 @@ class PlanSchedule(_PipelineSchedule):
     def _run(self, ex: StageExecutor, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,
              losses: list[Any] | None, return_outputs: bool) -> Any:  # fmt: skip
         inputs = self._inputs(ex, args)
-        if ex.needs_targets and target is None and self._loss_fn_given:
+        if ex.needs_targets and target is None and self._loss_fn is not None:
             raise PlanError(f"rank {self.rank} holds the last stage {self.plan.num_stages - 1}; pass target=... to step")
         self.stats = ex.run_iteration(inputs, target if ex.needs_targets else None, kwargs)
         if ex.needs_targets and losses is not None:

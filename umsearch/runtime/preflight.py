@@ -32,6 +32,7 @@ from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Profile, profile_precision
+from umsearch.core.units import format_bytes
 from umsearch.runtime.factory import ModelFactory, ModelLike
 
 
@@ -185,15 +186,6 @@ class DeviceMemory:
     """A GPU's total memory; the host's available memory."""
 
 
-def size_text(n: float) -> str:
-    """Binary size as the tables print it (``1.50 GiB``)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def _ranks_text(ranks: Sequence[int]) -> str:
     ordered = sorted(set(ranks))
     return f"rank {ordered[0]}" if len(ordered) == 1 else "ranks " + ", ".join(map(str, ordered))
@@ -214,8 +206,8 @@ def memory_refusal(peaks: Sequence[float], devices: Sequence[DeviceMemory],
     over = [(p - d.bytes, i) for i, (p, d) in enumerate(zip(peaks, devices, strict=True)) if p > d.bytes]
     if over:
         _, i = max(over)
-        return (f"rank {rank_of[i]} is predicted to peak at {size_text(peaks[i])} (docs/model.md section 5) but "
-                f"{devices[i].name} has {size_text(devices[i].bytes)}")  # fmt: skip
+        return (f"rank {rank_of[i]} is predicted to peak at {format_bytes(peaks[i])} (docs/model.md section 5) but "
+                f"{devices[i].name} has {format_bytes(devices[i].bytes)}")  # fmt: skip
     shared: dict[str, list[int]] = {}
     for i, d in enumerate(devices):
         shared.setdefault(d.name, []).append(i)
@@ -225,8 +217,8 @@ def memory_refusal(peaks: Sequence[float], devices: Sequence[DeviceMemory],
         if len(members) > 1 and total > have:
             top = max(members, key=lambda i: peaks[i])
             return (f"{_ranks_text([rank_of[i] for i in members])} ({len(members)} processes) share {name}: "
-                    f"together predicted to peak at {size_text(total)} (docs/model.md section 5; rank "
-                    f"{rank_of[top]} the most, {size_text(peaks[top])}) but it has {size_text(have)}")  # fmt: skip
+                    f"together predicted to peak at {format_bytes(total)} (docs/model.md section 5; rank "
+                    f"{rank_of[top]} the most, {format_bytes(peaks[top])}) but it has {format_bytes(have)}")  # fmt: skip
     return None
 
 

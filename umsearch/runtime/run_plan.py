@@ -242,13 +242,13 @@ def memory_report(predicted: Sequence[float] | None, measured: Sequence[int | No
 
 def memory_lines(report: dict[str, Any]) -> list[str]:
     """The memory report as text, one line per rank, then where the measured figure comes from."""
-    from umsearch.runtime.preflight import size_text
+    from umsearch.core.units import format_bytes
 
     lines = []
     for row in report["ranks"]:
         p, m = row["predicted_peak_bytes"], row["measured_peak_bytes"]
-        text = f"rank {row['rank']} peak memory: predicted {'-' if p is None else size_text(p)}, measured "
-        text += "-" if m is None else size_text(m)
+        text = f"rank {row['rank']} peak memory: predicted {'-' if p is None else format_bytes(p)}, measured "
+        text += "-" if m is None else format_bytes(m)
         if row["ratio"] is not None:
             text += f" ({row['ratio']:.2f}x{', over the prediction' if row['over_prediction'] else ''})"
         lines.append(text)

@@ -88,7 +88,7 @@ def probe(module: torch.nn.Module, sample: torch.Tensor, where: str, kwargs: dic
     module.eval()
     try:
         with torch.no_grad():
-            out = module(sample, **kwargs) if kwargs else module(sample)
+            out = module(sample, **(kwargs or {}))
     finally:
         module.train(was_training)
     shape = of_tensor(out, where)

@@ -149,9 +149,6 @@ class StageCompute:
         self.run = _Iteration(targets=targets, kwargs=dict(kwargs or {}))
         self.layer_stamps.clear()
 
-    def _kwargs(self, lo: int, n: int) -> dict[str, Any]:
-        """The keyword inputs of samples ``[lo, lo+n)``."""
-        return {k: v.narrow(0, lo, n) if isinstance(v, torch.Tensor) else v for k, v in self.run.kwargs.items()}
 
     @property
     def loss(self) -> torch.Tensor | None:
@@ -213,7 +210,7 @@ class StageCompute:
         record = None if recompute else mb
         if not pieces or self.layers is None:
             with autocast:
-                out = self.module(leaf, **self._kwargs(lo, n)) if self.run.kwargs else self.module(leaf)
+                out = self.module(leaf, **rows_of(self.run.kwargs, lo, n))
                 root = self._scaled(self._weighted_loss(out, targets, lo, n, record)) if self.last else out
             return [_Piece(leaf, root, None, self.params)], out
         built: list[_Piece] = []
@@ -327,6 +324,11 @@ class StageCompute:
                 "equal to its forward one, or no recompute"
             )
         return None
+
+
+def rows_of(kwargs: dict[str, Any], lo: int, n: int) -> dict[str, Any]:
+    """Keyword inputs of samples ``[lo, lo+n)``: tensors cut on dim 0, other values as they are."""
+    return {k: v.narrow(0, lo, n) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
 def _rng_state(device: torch.device) -> RngState:
