@@ -181,8 +181,8 @@ _NAMES = ["plan.json", "report.md", "pareto.json", "baselines.json", "trace.json
           "schedule.csv", "torchtitan.toml", ".umsearch-staging.x/notes.md"]  # fmt: skip
 
 
-def _entry(data: bytes) -> list[dict[str, Any]]:
-    return [{"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
+def _entry(data: bytes) -> dict[str, Any]:
+    return {"command": "search", "contents": [{"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]}
 
 
 @st.composite
@@ -240,7 +240,7 @@ def test_whatever_the_folder_holds_the_users_files_survive_or_are_named(tmp_path
         make = lambda: output_folder(out, space, None)  # noqa: E731
     else:
         writes = [*FILES, EXPORT_FILES[0]]
-        make = lambda: OutputFolder(out, "--out", expected=(*FILES, *EXPORT_FILES))  # noqa: E731
+        make = lambda: OutputFolder(out, "--out", command="tune", expected=(*FILES, *EXPORT_FILES))  # noqa: E731
 
     def fill(stage: Path) -> None:
         for name in writes:

@@ -132,7 +132,7 @@ def test_print_launch_shapes_are_checked(tmp_path: Path, args: list[str], messag
 
 def test_print_launch_runs_the_checks_but_builds_nothing(tmp_path: Path) -> None:
     res = CliRunner().invoke(run_command, [str(_plan(tmp_path, deadlock=True)), "--print-launch"])
-    assert res.exit_code == 1 and _one_line(res).startswith("the plan deadlocks (rank ")
+    assert res.exit_code == 1 and ": the plan deadlocks (rank " in _one_line(res)
     # A layer count that only building the model would reveal is the ranks' to find: nothing is built here.
     wrong = _plan(tmp_path, model={"source": "mlp", "args": {"layers": 9}})
     res = CliRunner().invoke(run_command, [str(wrong), "--print-launch"])

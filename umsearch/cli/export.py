@@ -1,8 +1,16 @@
-"""``umsearch export``: a plan as files other trainers read (torch's schedule CSV, torchtitan settings)."""
+"""``umsearch export``: a plan as files other trainers read (torch's schedule CSV, torchtitan settings).
+
+Into a folder, export writes as every command does
+(:class:`~umsearch.core.output_folder.OutputFolder`): it replaces only files
+it proves an export of the same format wrote there, never an input (the plan,
+its profile, the baselines beside it) and never a file of the user's or of
+another command. An explicit ``--out FILE.csv`` is replaced atomically.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +25,21 @@ from umsearch.core.outputs import check_output_dir, check_output_file
 from umsearch.core.plan import Plan
 
 if TYPE_CHECKING:
+    from umsearch.core.output_folder import OutputFolder
     from umsearch.core.torchtitan import TorchtitanExport
 
 FORMATS = ("pipelining-csv", "torchtitan")
+CSV_FILE = "schedule.csv"
+TOML_FILE = "torchtitan.toml"
+Files = dict[str, str]
+"""Output name in the folder -> its text."""
+
+
+def _names(fmt: str) -> list[str]:
+    """Every name an export of ``fmt`` may write into its folder."""
+    from umsearch.core.torchtitan import PLAN_FILE, RECIPE_FILE
+
+    return [CSV_FILE] if fmt == "pipelining-csv" else [TOML_FILE, PLAN_FILE, RECIPE_FILE, CSV_FILE]
 
 
 def _csv(plan: Plan) -> str:
@@ -53,7 +73,7 @@ def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str],
     from umsearch.sim.reference import simulate
 
     path = plan_path.with_name(BASELINES_FILE)
-    if not path.is_file():
+    if not os.path.lexists(path):  # anything else there (a FIFO, a folder, a link) is refused by its reader
         return PlanError(f"{plan_path} cannot be expressed in torchtitan ({why}), and no {BASELINES_FILE} lies "
                          "beside it to take a baseline from; export a search's output folder plan, or run it with "
                          "umsearch run")  # fmt: skip
@@ -80,7 +100,8 @@ def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str],
     return none
 
 
-def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
+def _torchtitan(loaded: LoadedPlan, plan_path: Path) -> tuple[Files, list[str]]:
+    """The torchtitan export's files and the notes for the user."""
     from umsearch.core.torchtitan import module_names
 
     if loaded.profile is None:
@@ -94,26 +115,23 @@ def _torchtitan(loaded: LoadedPlan, out: Path, plan_path: Path) -> list[str]:
         found = _fallback(loaded, plan_path, modules, why)
         if isinstance(found, PlanError):
             # Stock torchtitan settings cannot carry the plan, but PlanSchedule can: the recipe alone.
-            files = _recipe(loaded.plan, modules, out, plan_path, notes)
+            files = _recipe(loaded.plan, modules, plan_path, notes)
             if not files:
                 raise found from None
-            return files + [f"no torchtitan.toml: {found}"] + notes
+            return files, [f"no {TOML_FILE}: {found}", *notes]
         exp, note = found
         notes.append(note)
     notes.extend(exp.notes)  # data-parallel replicas: what torchtitan runs instead
     header = (f"torchtitan settings written by umsearch export from {plan_path}\n"
               "merge these sections into your train config (or pass them as --parallelism.* flags)")  # fmt: skip
-    write_output(str(out / "torchtitan.toml"), "--out", lambda p: write_text_atomic(p, exp.toml(header)))
-    files = [str(out / "torchtitan.toml")]
-    files += _recipe(loaded.plan, modules, out, plan_path, notes)
+    files = {TOML_FILE: exp.toml(header), **_recipe(loaded.plan, modules, plan_path, notes)}
     if exp.csv is not None:
-        write_output(str(out / "schedule.csv"), "--out", lambda p: write_text_atomic(p, exp.csv or ""))
-        files.append(str(out / "schedule.csv"))
-        notes.append("the order is none of torch's named schedules: torchtitan runs schedule.csv "
+        files[CSV_FILE] = exp.csv
+        notes.append(f"the order is none of torch's named schedules: torchtitan runs {CSV_FILE} "
                      "(give its path in pipeline_parallel_schedule_csv)")  # fmt: skip
     if sequential:
         notes.append("module names are the zoo model's nn.Sequential indices (0, 1, ...)")
-    return files + notes
+    return files, notes
 
 
 @click.command("export")
@@ -129,45 +147,70 @@ def export_command(plan_path: str, fmt: str, out: str, profile_path: str | None,
     """Write PLAN.json in a form torch.distributed.pipelining or torchtitan runs."""
     target = Path(out)
     as_file = fmt == "pipelining-csv" and target.suffix == ".csv"
-    # Before any work: a bad path is refused, a device never replaced.
+    # Before any work: a bad path is refused, a device never replaced, an input never written over.
+    inputs = [plan_path, *([profile_path] if profile_path else [])]
     if as_file:
-        check_output_file(out, "--out", inputs=[plan_path])
+        check_output_file(out, "--out", inputs=inputs)
     else:
         check_output_dir(out, "--out")
-    loaded = load_plan_file(plan_path, profile=profile_path)
-    folder = target.parent if as_file else target
-    lines: list[str]
+    loaded = load_plan_file(plan_path, profile=profile_path, allow_missing_profile=True)
+    folder = None if as_file else _folder(target, fmt, [*inputs, *_read_beside(loaded)])
+    notes = list(loaded.notes)
     if fmt == "pipelining-csv":
-        text = _csv(loaded.plan)
-        csv_path = target if as_file else folder / "schedule.csv"
-        write_output(str(csv_path), "--out", lambda p: write_text_atomic(p, text))
-        lines = [str(csv_path), f"load it with schedule._load_csv(path) on a _PipelineScheduleRuntime "
-                 f"of n_microbatches={len(loaded.plan.stages[0].forward)}"]  # fmt: skip
+        files = {CSV_FILE: _csv(loaded.plan)}
+        notes.append(f"load it with schedule._load_csv(path) on a _PipelineScheduleRuntime of "
+                     f"n_microbatches={len(loaded.plan.stages[0].forward)}")  # fmt: skip
     else:
-        lines = _torchtitan(loaded, folder, Path(plan_path))
-    files = [x for x in lines if x.startswith(str(folder))]
+        files, more = _torchtitan(loaded, Path(plan_path))
+        notes += more
+    written = _write(files, target, folder)
     if as_json:
-        click.echo(json.dumps({"files": files, "notes": [x for x in lines if x not in files]}))
+        click.echo(json.dumps({"files": written, "notes": notes}))
         return
-    _print(files, [x for x in lines if x not in files])
+    _print(written, notes)
 
 
-def _recipe(plan: Plan, modules: list[str], out: Path, plan_path: Path, notes: list[str]) -> list[str]:
-    """Write the plan itself and the PlanSchedule recipe that runs it in torchtitan; the files written (none,
-    with a note why, where torchtitan cannot place the plan's stages)."""
+def _read_beside(loaded: LoadedPlan) -> list[str | Path]:
+    """The other files the export read: the plan's profile and the baselines beside the plan."""
+    from umsearch.core.baselines_file import BASELINES_FILE
+
+    return [p for p in (loaded.profile_path, loaded.path.with_name(BASELINES_FILE)) if p is not None]
+
+
+def _folder(target: Path, fmt: str, inputs: list[Any]) -> OutputFolder:
+    """The ``--out`` folder, checked before the export is computed: every name it may write, every input."""
+    from umsearch.core.output_folder import OutputFolder
+
+    return OutputFolder(target, "--out", command=f"export-{fmt}", inputs=inputs, expected=_names(fmt), last=())
+
+
+def _write(files: Files, target: Path, folder: OutputFolder | None) -> list[str]:
+    """Write ``files``: the one file at ``target`` (no folder), else into ``folder`` under its rules; the paths."""
+    if folder is None:
+        text = files[CSV_FILE]
+        write_output(str(target), "--out", lambda p: write_text_atomic(p, text))
+        return [str(target)]
+
+    def fill(stage: Path) -> None:
+        for name, text in files.items():
+            (stage / name).write_text(text, encoding="utf-8")
+
+    return [str(p) for p in folder.write(fill)]
+
+
+def _recipe(plan: Plan, modules: list[str], plan_path: Path, notes: list[str]) -> Files:
+    """The plan itself and the PlanSchedule recipe that runs it in torchtitan (none, with a note why, where
+    torchtitan cannot place the plan's stages)."""
     from umsearch.core.torchtitan import PLAN_FILE, RECIPE_FILE, plan_schedule_recipe
 
     try:
         recipe = plan_schedule_recipe(plan, modules, str(plan_path))
     except PlanError as why:
         notes.append(f"no {RECIPE_FILE}: {why}")
-        return []
-    text = json.dumps(plan.to_json(), indent=1) + "\n"
-    write_output(str(out / PLAN_FILE), "--out", lambda p: write_text_atomic(p, text))
-    write_output(str(out / RECIPE_FILE), "--out", lambda p: write_text_atomic(p, recipe))
+        return {}
     notes.append(f"to run the plan itself in torchtitan, build its schedule with {RECIPE_FILE}'s "
                  "build_plan_schedule(stages, loss_fn) (umsearch.pipelining.PlanSchedule; see docs/torchtitan.md)")
-    return [str(out / PLAN_FILE), str(out / RECIPE_FILE)]
+    return {PLAN_FILE: json.dumps(plan.to_json(), indent=1) + "\n", RECIPE_FILE: recipe}
 
 
 def _print(files: list[str], notes: list[Any]) -> None:

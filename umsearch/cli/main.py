@@ -64,10 +64,12 @@ def cli() -> None:
 
 
 def _load(plan_path: str, profile_path: str | None, state_factor: float | None) -> Any:
-    """The plan file with its profile (required: these commands cost the plan) and state factor."""
+    """The plan file with its profile (required: these commands cost the plan) and state factor; a plan that
+    deadlocks is taken (these commands show where it is stuck)."""
     from umsearch.core.loader import load_plan_file
 
-    return load_plan_file(plan_path, profile=profile_path, state_factor=state_factor, require_profile=True)
+    return load_plan_file(plan_path, profile=profile_path, state_factor=state_factor, require_profile=True,
+                          allow_deadlock=True)  # fmt: skip
 
 
 _plan_arg = click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
@@ -164,10 +166,12 @@ def show_command(
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning domain errors into one red line and exit 1."""
+    from umsearch.cli.entry import exit_code
+
     try:
         cli.main(args=argv, prog_name="umsearch", standalone_mode=False)
-    except click.exceptions.Abort:
-        abort("aborted", 130)
+    except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt (a signal) into Abort
+        abort("interrupted" if exc.__context__ is not None else "aborted", exit_code(exc))
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -175,5 +179,5 @@ def main(argv: list[str] | None = None) -> None:
         if debug_enabled():
             raise
         abort(str(exc))
-    except KeyboardInterrupt:
-        abort("interrupted", 130)
+    except KeyboardInterrupt as exc:
+        abort("interrupted", exit_code(exc))

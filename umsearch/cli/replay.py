@@ -73,7 +73,8 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
     for r in ranks:
         check_rank(plan, r)
     inputs: list[str | Path] = [plan_path, *([loaded.profile_path] if loaded.profile_path is not None else [])]
-    folder = OutputFolder(out, "--out", inputs=inputs, expected=[REPLAY_FILE], last=(REPLAY_FILE,)) if out else None
+    folder = OutputFolder(out, "--out", command="replay", inputs=inputs, expected=[REPLAY_FILE],
+                          last=(REPLAY_FILE,)) if out else None
     cfg, on = measured_on(loaded, session_config(cfg, where))
     from umsearch.runtime.config import optimizer_warning
 

@@ -217,7 +217,7 @@ def output_folder(out: str | Path, space: SearchSpace, space_path: str | None) -
     """
     inputs = [Path(space.profile), *([Path(space_path)] if space_path else [])]
     expected = [*FILES, *(baseline_file(n) for n in (*space.schedule.peers, GREEDY))]
-    return OutputFolder(out, "--out", inputs=inputs, expected=expected, last=("plan.json",))
+    return OutputFolder(out, "--out", command="search", inputs=inputs, expected=expected, last=("plan.json",))
 
 
 def write_outputs(result: SearchResult, space: SearchSpace, profile: Profile, out: OutputFolder,

@@ -151,6 +151,7 @@ def load_checked(plan_path: str, choice: ModelChoice, *, require_profile: bool =
     from umsearch.runtime.preflight import preflight
 
     loaded = resolve_plan(plan_path, choice, require_profile=require_profile)
+    _warn(list(loaded.notes))
     check_spec_size(require_trusted(loaded))  # before anything is built, --print-launch included
     preflight(loaded.plan, None, loaded.cost() if loaded.profile is not None else None)
     return loaded

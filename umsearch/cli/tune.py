@@ -79,7 +79,8 @@ def tune_command(profile_path: str, out: str | None, as_json: bool, progress: st
     seed = space.search.seed
     run_cfg = dataclasses.replace(run, seed=seed, launch=dataclasses.replace(run.launch, timeout_s=600))
     target = Path(out) if out else Path("results") / "tune" / Path(profile_path).stem
-    folder = OutputFolder(target, "--out", inputs=[profile_path], expected=(*FILES, *EXPORT_FILES))  # before any work
+    # Before any work: a file of the user's or of another command under a name tune writes stops it here.
+    folder = OutputFolder(target, "--out", command="tune", inputs=[profile_path], expected=(*FILES, *EXPORT_FILES))
     err_console.print(trust_line(profile, profile_path), soft_wrap=True, markup=False)
     shown = Reporter(progress, "tune", quiet=as_json, transient=False)
     with StopSignals() as stops, shown:

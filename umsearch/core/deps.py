@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from umsearch.core.actions import Action, B, F, Kind, indexed_list, source_stage
+from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.samples import spans
 
@@ -96,3 +97,14 @@ def find_deadlock(plan: Plan) -> tuple[str, ...]:
             missing = next(p for p in deps.producers(a) if p not in done)
             stuck.append(f"rank {r} is stuck at {a}, waiting for {missing} on rank {plan.stages[missing.stage].rank}")
     return tuple(stuck)
+
+
+def check_deadlock(plan: Plan) -> None:
+    """For a valid plan: raise PlanError naming every stuck rank's action and what it waits for when
+    ``plan`` deadlocks."""
+    stuck = find_deadlock(plan)
+    if stuck:
+        raise PlanError(
+            "the plan deadlocks (" + "; ".join(stuck) + "); reorder the stuck ranks' actions so that every "
+            "input is produced before it is needed, or align the microbatches with the neighbour's"
+        )

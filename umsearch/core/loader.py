@@ -1,9 +1,10 @@
 """The one loader of a plan file with everything it refers to: profile, model, state factor.
 
 Every command that reads a plan (simulate, show, export, compare, run,
-validate, calibrate) goes through :func:`load_plan_file`, so they all resolve
-the profile path, the state factor and the model the same way, and check the
-plan against the profile once.
+validate, replay, calibrate) goes through :func:`load_plan_file`, so they all
+resolve the profile path, the state factor and the model the same way, check
+the plan against the profile once, and refuse a plan that deadlocks (only
+``simulate`` and ``show``, which draw the deadlock, take one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from umsearch.core.cost import CostModel
+from umsearch.core.deps import check_deadlock
 from umsearch.core.errors import ModelSpecError, PlanError
 from umsearch.core.fields import number
 from umsearch.core.model_spec import ModelSpec
@@ -41,6 +43,8 @@ class LoadedPlan:
     """``--state-factor``, else the plan's, else 4."""
     model: ModelSpec | None
     """The model to run: named by the user, else the plan's ``model``, else the profile's ``model_spec``."""
+    notes: tuple[str, ...] = ()
+    """What the user should know before the plan is used (a profile the plan names that is missing)."""
 
     @property
     def plan(self) -> Plan:
@@ -88,21 +92,44 @@ def _model(doc: PlanDocument, profile: Profile | None, override: ModelSpec | Non
     return None
 
 
+def _missing_profile(plan_path: Path, prof_path: Path, model: ModelSpec | None, allow: bool) -> str:
+    """The note for a profile the plan names that is not a readable file; PlanError unless the user named the
+    model to run (``model``) or the caller does without a profile (``allow``)."""
+    what = "is a link that leads nowhere" if prof_path.is_symlink() else \
+        "is not a file" if os.path.lexists(prof_path) else "is missing"  # fmt: skip
+    if model is None and not allow:
+        raise PlanError(f"{plan_path}: the profile it names, {str(prof_path)!r}, {what}; pass --profile "
+                        "PROFILE.json, or name the model to run with --model (then nothing is predicted)")  # fmt: skip
+    return f"the profile {plan_path} names, {str(prof_path)!r}, {what}: nothing is predicted for this run"
+
+
 def load_plan_file(path: str | os.PathLike[str], *, profile: str | os.PathLike[str] | None = None,
                    state_factor: float | None = None, model: ModelSpec | None = None,
-                   trust_model_code: bool = False, require_profile: bool = False) -> LoadedPlan:  # fmt: skip
-    """Load ``path`` and resolve its profile, state factor and model.
+                   trust_model_code: bool = False, require_profile: bool = False,
+                   allow_missing_profile: bool = False, allow_deadlock: bool = False) -> LoadedPlan:  # fmt: skip
+    """Load ``path`` and resolve its profile, state factor and model: the one gate every plan file passes.
 
     ``profile`` / ``state_factor`` / ``model`` are the user's overrides
     (flags); a model the user names is trusted. ``require_profile`` makes a
-    missing profile an error instead of None. The plan is validated, and
-    checked against the profile when there is one.
+    plan without a profile an error. A profile the plan names that is not a
+    readable file is an error too, unless the user named the model (``model``)
+    or the caller needs no profile (``allow_missing_profile``): then the plan
+    loads without one and :attr:`LoadedPlan.notes` says so. The plan is
+    validated, checked against the profile when there is one, and refused
+    when it deadlocks (unless ``allow_deadlock``).
     """
     plan_path = Path(path)
     doc = load_document(plan_path)
+    if not allow_deadlock:
+        try:
+            check_deadlock(doc.plan)
+        except PlanError as exc:
+            raise PlanError(f"{plan_path}: {exc}") from None
     prof_path = Path(profile) if profile is not None else resolve_profile_path(doc, plan_path)
-    if prof_path is not None and profile is None and not prof_path.exists() and not require_profile:
-        prof_path = None  # the plan's own profile went missing: run without a prediction
+    notes: list[str] = []
+    if prof_path is not None and profile is None and not require_profile and not prof_path.is_file():
+        notes.append(_missing_profile(plan_path, prof_path, model, allow_missing_profile))
+        prof_path = None
     if prof_path is None and require_profile:
         raise PlanError(f"{plan_path}: the plan names no profile; pass --profile PROFILE.json")
     prof = load_profile(prof_path) if prof_path is not None else None
@@ -113,4 +140,4 @@ def load_plan_file(path: str | os.PathLike[str], *, profile: str | os.PathLike[s
         except PlanError as exc:
             raise PlanError(f"{plan_path} does not fit profile {prof_path}: {exc}") from None
     return LoadedPlan(path=plan_path, document=doc, profile_path=prof_path, profile=prof, state_factor=factor,
-                      model=_model(doc, prof, model, trust_model_code, plan_path))  # fmt: skip
+                      model=_model(doc, prof, model, trust_model_code, plan_path), notes=tuple(notes))  # fmt: skip

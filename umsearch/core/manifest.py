@@ -3,12 +3,12 @@
 A folder umsearch writes into (``search --out``, ``tune --out``) may hold the
 user's own files, so umsearch replaces or removes a file there only when it can
 *prove* it wrote it. The manifest, ``.umsearch-outputs.json`` in the folder,
-records for each file umsearch wrote its size and SHA-256, and the identity
-(device and inode) of the folder it was written for::
+records for each file umsearch wrote its size and SHA-256 and the command that
+wrote it, and the identity (device and inode) of the folder it was written for::
 
-    {"schema": "umsearch.outputs/2", "written_by": "umsearch 0.x",
+    {"schema": "umsearch.outputs/3", "written_by": "umsearch 0.x",
      "folder": {"device": 2049, "inode": 1234567},
-     "files": {"plan.json": [{"size": 5120, "sha256": "ab12..."}], ...}}
+     "files": {"plan.json": {"command": "search", "contents": [{"size": 5120, "sha256": "ab12..."}]}, ...}}
 
 A file is umsearch's when its name is listed, it is a regular file reached
 through real folders (no link on the way, no other hard link to it), and its
@@ -16,7 +16,10 @@ bytes have one of the listed contents (a list, because while a run swaps its
 files in, the manifest lists the old content and the new). A file edited since,
 a manifest copied from another folder, one of an older umsearch (schema
 ``umsearch.outputs/1`` recorded names only) or no manifest at all proves
-nothing: those files are the user's.
+nothing: those files are the user's. A manifest of schema ``umsearch.outputs/2``
+proves contents but not which command wrote them (:attr:`Manifest.commands` is
+None for its entries): :class:`~umsearch.core.output_folder.OutputFolder` then
+lets a command replace such a file under a name it writes, and never removes one.
 """
 
 from __future__ import annotations
@@ -41,10 +44,14 @@ from umsearch.core.outputs import replace_atomically
 
 MANIFEST = ".umsearch-outputs.json"
 """The manifest's name inside the output folder."""
-SCHEMA = "umsearch.outputs/2"
+SCHEMA = "umsearch.outputs/3"
+_NO_COMMAND_SCHEMA = "umsearch.outputs/2"
+"""Contents recorded, but not the command that wrote them."""
 _OLDER_SCHEMAS = ("umsearch.outputs/1",)
 MAX_BYTES = 8 * 2**20
 """Largest manifest read: some 70,000 entries, where a run writes a few dozen."""
+UNKNOWN_COMMAND = "unknown"
+"""The command recorded for a file an older manifest listed without one."""
 STAGING_PREFIX = ".umsearch-staging."
 """Names starting so are reserved for staging folders; a manifest never lists one."""
 _SHA256_HEX = frozenset("0123456789abcdef")
@@ -83,6 +90,9 @@ class Manifest:
 
     files: dict[str, tuple[Content, ...]] = field(default_factory=dict)
     """Listed name -> the contents it may have (one, or old and new during a swap)."""
+    commands: dict[str, str | None] = field(default_factory=dict)
+    """Listed name -> the command that wrote it (``search``, ``tune``, ...); None where the manifest is
+    older than the record (schema ``umsearch.outputs/2``)."""
     unproven: str | None = None
     """Why a manifest that is there proves nothing (another folder's, an older version's); None otherwise."""
 
@@ -105,6 +115,10 @@ class Manifest:
         except OSError:
             return None
         return now if now in allowed else None
+
+    def command(self, name: str) -> str | None:
+        """The command that wrote ``name`` (None: not listed, or listed by an older manifest)."""
+        return self.commands.get(name)
 
     def proves(self, folder: Path, name: str) -> bool:
         """Whether ``folder / name`` is, byte for byte, a file umsearch wrote there."""
@@ -134,21 +148,47 @@ def _content(entry: Any) -> Content | None:
     return Content(size, sha)
 
 
-def _entries(doc: dict[str, Any]) -> dict[str, tuple[Content, ...]] | None:
-    """The ``files`` table, or None when it is malformed (unsafe names are dropped, never trusted)."""
+_COMMAND_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz-")
+
+
+def _contents(entries: Any) -> tuple[Content, ...] | None:
+    if not isinstance(entries, list) or not entries:
+        return None
+    contents = tuple(_content(e) for e in entries)
+    return None if any(c is None for c in contents) else tuple(c for c in contents if c is not None)
+
+
+def _entry(entry: Any, with_command: bool) -> tuple[tuple[Content, ...], str | None] | None:
+    """One ``files`` value: (contents, command), or None when malformed."""
+    if not with_command:
+        contents = _contents(entry)
+        return None if contents is None else (contents, None)
+    if not isinstance(entry, dict) or set(entry) != {"command", "contents"}:
+        return None
+    command, contents = entry["command"], _contents(entry["contents"])
+    if not isinstance(command, str) or not 0 < len(command) <= 32 or not set(command) <= _COMMAND_CHARS:
+        return None
+    if contents is None:
+        return None
+    return contents, None if command == UNKNOWN_COMMAND else command
+
+
+def _entries(doc: dict[str, Any], with_command: bool) -> tuple[dict[str, tuple[Content, ...]],
+                                                               dict[str, str | None]] | None:  # fmt: skip
+    """The ``files`` table as (contents, commands), or None when it is malformed (unsafe names are
+    dropped, never trusted)."""
     files = doc.get("files")
     if not isinstance(files, dict):
         return None
-    out: dict[str, tuple[Content, ...]] = {}
-    for name, entries in files.items():
-        if not isinstance(entries, list) or not entries:
-            return None
-        contents = tuple(_content(e) for e in entries)
-        if any(c is None for c in contents):
+    contents: dict[str, tuple[Content, ...]] = {}
+    commands: dict[str, str | None] = {}
+    for name, raw in files.items():
+        entry = _entry(raw, with_command)
+        if entry is None:
             return None
         if (clean := clean_name(name)) is not None:
-            out[clean] = tuple(c for c in contents if c is not None)
-    return out
+            contents[clean], commands[clean] = entry
+    return contents, commands
 
 
 def read_manifest(folder: Path, what: str = "--out") -> Manifest:
@@ -178,22 +218,25 @@ def read_manifest(folder: Path, what: str = "--out") -> Manifest:
         raise _refuse(folder, what, "is not a manifest (no schema)") from None
     if doc["schema"] in _OLDER_SCHEMAS:
         return Manifest(unproven=f"{MANIFEST} is an older umsearch's, which recorded no contents")
-    if doc["schema"] != SCHEMA:
+    if doc["schema"] not in (SCHEMA, _NO_COMMAND_SCHEMA):
         raise _refuse(folder, what, f"has schema {str(doc['schema'])[:40]!r}, not {SCHEMA!r}")
-    files = _entries(doc)
-    if files is None:
+    table = _entries(doc, with_command=doc["schema"] == SCHEMA)
+    if table is None:
         raise _refuse(folder, what, "has a malformed 'files' table")
     if doc.get("folder") != identity(folder, follow_links=True):
         return Manifest(unproven=f"{MANIFEST} was written for another folder (copied or restored)")
-    return Manifest(files)
+    return Manifest(*table)
 
 
-def write_manifest(folder: Path, files: dict[str, tuple[Content, ...]]) -> None:
-    """Write ``folder``'s manifest (atomically) listing ``files``, bound to the folder."""
+def write_manifest(folder: Path, files: dict[str, tuple[Content, ...]], commands: dict[str, str | None]) -> None:
+    """Write ``folder``'s manifest (atomically) listing ``files``, each under the command that wrote it,
+    bound to the folder. An entry whose command is unknown (an older manifest's) is kept as the
+    command ``unknown``, which no command writes as."""
     from umsearch import __version__
 
     doc = {"schema": SCHEMA, "written_by": f"umsearch {__version__}", "folder": identity(folder, follow_links=True),
-           "files": {n: [c.to_json() for c in files[n]] for n in sorted(files)}}  # fmt: skip
+           "files": {n: {"command": commands.get(n) or UNKNOWN_COMMAND, "contents": [c.to_json() for c in files[n]]}
+                     for n in sorted(files)}}  # fmt: skip
     replace_atomically(folder / MANIFEST, (json.dumps(doc, indent=2) + "\n").encode())
 
 

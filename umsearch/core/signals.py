@@ -40,3 +40,24 @@ class SignalScope:
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old.clear()
+
+
+class DeferredSignals(SignalScope):
+    """While active, SIGINT, SIGTERM and SIGHUP are held back; on leaving, the first one received raises
+    :class:`~umsearch.core.errors.Interrupted`, so the command exits as the signal asks (128 + it).
+
+    For work that must not stop halfway, such as moving a run's outputs into place: a signal then
+    stops the command right after the work, never in its middle."""
+
+    CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self) -> DeferredSignals:
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if self.received is not None and exc[0] is None:
+            from umsearch.core.errors import Interrupted
+
+            raise Interrupted(self.received)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from umsearch.core.cost import CostModel
-from umsearch.core.deps import find_deadlock
+from umsearch.core.deps import check_deadlock as deadlock
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
@@ -38,12 +38,7 @@ from umsearch.runtime.factory import ModelFactory, ModelLike
 
 def check_deadlock(plan: Plan) -> None:
     """Raise PlanError naming every stuck rank's action and what it waits for when ``plan`` deadlocks."""
-    stuck = find_deadlock(validate_plan(plan))
-    if stuck:
-        raise PlanError(
-            "the plan deadlocks (" + "; ".join(stuck) + "); reorder the stuck ranks' actions so that every "
-            "input is produced before it is needed, or align the microbatches with the neighbour's"
-        )
+    deadlock(validate_plan(plan))
 
 
 def check_layers(plan: Plan, num_layers: int, what: str = "the model") -> None:
