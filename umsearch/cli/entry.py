@@ -24,19 +24,6 @@ def _raise(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signum)
 
 
-def exit_code(exc: BaseException) -> int:
-    """128 + the signal that stopped the command: ``exc``'s (or its cause's) own, else SIGINT's."""
-    seen: BaseException | None = exc
-    for _ in range(16):  # a chain of causes is short; never follow a cycle
-        if seen is None:
-            break
-        signum = getattr(seen, "signum", None)
-        if isinstance(signum, int):
-            return 128 + signum
-        seen = seen.__cause__ or seen.__context__
-    return 128 + int(signal.SIGINT)
-
-
 def main(argv: list[str] | None = None) -> None:
     """The ``umsearch`` command: signals handled first, then the CLI (:func:`umsearch.cli.main.main`)."""
     for s in _STOPPING:
@@ -44,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from umsearch.cli.main import main as cli_main
     except KeyboardInterrupt as exc:
+        from umsearch.cli.interrupts import exit_code
+
         sys.stderr.write("error: interrupted while starting\n")
         sys.exit(exit_code(exc))
     cli_main(argv)

@@ -40,3 +40,16 @@ class StopSignals(SignalScope):
         """128 + :meth:`signum` (SIGTERM 143, SIGHUP 129, Ctrl-C 130); 0 when nothing stopped the work."""
         sig = self.signum(interrupted)
         return 0 if sig is None else 128 + sig
+
+
+def exit_code(exc: BaseException) -> int:
+    """128 + the signal that stopped the command: ``exc``'s (or its cause's) own, else SIGINT's."""
+    seen: BaseException | None = exc
+    for _ in range(16):  # a chain of causes is short; never follow a cycle
+        if seen is None:
+            break
+        signum = getattr(seen, "signum", None)
+        if isinstance(signum, int):
+            return 128 + signum
+        seen = seen.__cause__ or seen.__context__
+    return 128 + int(signal.SIGINT)

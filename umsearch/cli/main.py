@@ -166,7 +166,7 @@ def show_command(
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning domain errors into one red line and exit 1."""
-    from umsearch.cli.entry import exit_code
+    from umsearch.cli.interrupts import exit_code
 
     try:
         cli.main(args=argv, prog_name="umsearch", standalone_mode=False)
