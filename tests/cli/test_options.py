@@ -60,3 +60,39 @@ def test_an_out_of_bounds_tune_setting_names_its_flag(capsys: pytest.CaptureFixt
 
     code, _, err = run_cli(capsys, "tune", "x.json", "--k", "0")
     assert code == 1 and "--k 0: must be from 1 to 32" in err, err
+
+
+# ------------------------------------------------------------------------------------------------ issue 39 item 3
+def test_every_option_of_every_command_comes_from_a_declaration() -> None:
+    """No flag is typed by hand: each is a DeclaredOption made from a declared setting (help, kind, bounds)."""
+    from umsearch.cli.options import DeclaredOption
+
+    ctx = click.Context(cli)
+    typed = []
+    for name in cli.list_commands(ctx):
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        for param in command.params:
+            if isinstance(param, click.Option) and not isinstance(param, DeclaredOption):
+                typed.append(f"{name} {'/'.join(param.opts)}")
+    assert typed == []
+
+
+def test_threads_has_one_declaration_and_one_bound_everywhere() -> None:
+    from umsearch.cli.options import DeclaredOption
+
+    ctx = click.Context(cli)
+    found = {}
+    for name in cli.list_commands(ctx):
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        for param in command.params:
+            if "--threads" in getattr(param, "opts", ()):
+                assert isinstance(param, DeclaredOption)
+                found[name] = param.setting
+    assert set(found) >= {"run", "validate", "calibrate", "profile", "replay"}
+    assert len({id(s.field) for s in found.values()}) == 1
+    parse = next(iter(found.values())).option.parse
+    assert parse is not None and parse("1024") == 1024 and parse("0") is None
+    with pytest.raises(ValueError, match="at most 1024"):
+        parse("1025")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +11,11 @@ import click
 from rich.markup import escape
 
 from umsearch.cli.console import console, write_output
-from umsearch.cli.progress import Reporter, progress_option
+from umsearch.cli.flags import rows, shared, take
+from umsearch.cli.progress import Reporter
 from umsearch.core.errors import ModelSpecError, ProfilingError, RuntimeExecutionError
 from umsearch.core.model_spec import ModelSpec, parse_arg
+from umsearch.core.options import int_in, option
 from umsearch.core.outputs import check_output_file
 from umsearch.core.profile import Profile, check_not_partial, load_profile, save_profile
 
@@ -76,30 +79,36 @@ def _print_probes(report: dict[str, Any], measured: str, error: str) -> None:
                      if held_out is not None else "no held-out error[/] (one probe only)"))  # fmt: skip
 
 
+@dataclass(frozen=True, kw_only=True)
+class CalibrateFlags:
+    """``calibrate``'s own flags."""
+
+    rounds: int = field(default=7, metadata=option(
+        "Measured rounds of each probe plan.", kind="int", bounds=(1, 1000), parse=int_in("--rounds", 1, 1000)))
+    ranks: int = field(default=2, metadata=option(
+        "Ranks of the probes.", kind="int", bounds=(2, 64), parse=int_in("--ranks", 2, 64)))
+    batch: int = field(default=16, metadata=option(
+        "Global batch of the probes.", kind="int", bounds=(2, 1 << 20), parse=int_in("--batch", 2, 1 << 20)))
+    scales: str = field(default="stage_scale", metadata=option(
+        "How layers run together in a stage are fitted: s(k) by layer count, one scale per measured range, or "
+        "not at all.", kind="choice", choices=("stage_scale", "ranges", "none")))
+    replay: bool = field(default=False, metadata=option(
+        "Replay every probe rank alone on one device (umsearch replay) instead of running the ranks together: "
+        "fits op overhead and the scales only, keeps the profile's message terms and links.", kind="switch"))
+    device: str | None = field(default=None, metadata=option(
+        "With --replay: where the ranks run [default: the profile's device type].", kind="text",
+        metavar="cpu|cuda[:N]"))
+    out: str | None = field(default=None, metadata=option(
+        "Write the calibrated profile here (default: replace PROFILE.json, atomically).", kind="path"))
+
+
 @click.command("calibrate")
 @click.argument("profile_path", metavar="PROFILE.json", type=click.Path(dir_okay=False))
-@click.option("--model", default=None, help="Model to run (default: the profile's model_spec).")
-@click.option("--arg", "model_args", multiple=True, help="Model argument KEY=VALUE (with --model; repeatable).")
-@click.option("--trust-model-code", is_flag=True, help="Build a non-zoo model the profile names.")
-@click.option("--rounds", type=click.IntRange(1, 1000), default=7, show_default=True,
-              help="Measured rounds of each probe plan.")  # fmt: skip
-@click.option("--ranks", type=click.IntRange(2, 64), default=2, show_default=True, help="Ranks of the probes.")
-@click.option("--batch", type=click.IntRange(2, 1 << 20), default=16, show_default=True,
-              help="Global batch of the probes.")  # fmt: skip
-@click.option("--threads", type=click.IntRange(1, 1024), default=1, show_default=True,
-              help="CPU threads per rank (as umsearch run uses).")  # fmt: skip
-@click.option("--scales", type=click.Choice(["stage_scale", "ranges", "none"]), default="stage_scale",
-              show_default=True, help="How layers run together in a stage are fitted: s(k) by layer count, one "
-              "scale per measured range, or not at all.")  # fmt: skip
-@click.option("--replay", is_flag=True,
-              help="Replay every probe rank alone on one device (umsearch replay) instead of running the ranks "
-              "together: fits op overhead and the scales only, keeps the profile's message terms and links.")  # fmt: skip
-@click.option("--device", default=None, metavar="cpu|cuda[:N]",
-              help="With --replay: where the ranks run [default: the profile's device type].")  # fmt: skip
-@click.option("--out", default=None, type=click.Path(dir_okay=False),
-              help="Write the calibrated profile here (default: replace PROFILE.json, atomically).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the calibration report as JSON.")
-@progress_option
+@shared("model", "model_args", "trust_model_code")
+@take(rows(CalibrateFlags, "rounds", "ranks", "batch"))
+@shared("threads")
+@take(rows(CalibrateFlags, "scales", "replay", "device", "out"))
+@shared("as_json", "progress")
 def calibrate_command(profile_path: str, model: str | None, model_args: tuple[str, ...], trust_model_code: bool,
                       rounds: int, ranks: int, batch: int, threads: int, scales: str, replay: bool, device: str | None,
                       out: str | None, as_json: bool, progress: str) -> None:  # fmt: skip

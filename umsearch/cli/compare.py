@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from umsearch.cli.console import console, write_output
+from umsearch.cli.flags import shared
 from umsearch.core.errors import PlanError
 from umsearch.core.outputs import check_output_file
 from umsearch.core.units import format_bytes
@@ -58,18 +59,15 @@ def _table(rows: list[dict[str, Any]]) -> Table:
 
 @click.command("compare")
 @click.argument("plan_paths", metavar="PLAN.json...", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
-              help="Profile to cost every plan with (default: each plan's own).")  # fmt: skip
-@click.option("--gantt", type=click.Path(dir_okay=False), default=None,
-              help="Write the plans' timelines, one panel each on a shared time axis, as a PNG.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def compare_command(plan_paths: tuple[str, ...], profile_path: str | None, gantt: str | None, as_json: bool) -> None:
-    """Predicted time, memory per rank, bubble and speedup of several plans side by side."""
+@shared("profile", "gantt", "as_json")
+def compare_command(plan_paths: tuple[str, ...], profile: str | None, gantt: str | None, as_json: bool) -> None:
+    """Predicted time, memory per rank, bubble and speedup of several plans side by side (--profile costs
+    every plan, else each its own; --gantt draws one panel per plan on a shared time axis)."""
     if len(plan_paths) > 32:
         raise PlanError(f"{len(plan_paths)} plans: compare at most 32 at once")
     if gantt is not None:
         check_output_file(gantt, "--gantt", inputs=plan_paths)  # before any work: a bad path refused, a device kept
-    rows = compare_rows(plan_paths, profile_path)
+    rows = compare_rows(plan_paths, profile)
     if gantt is not None:
         from umsearch.cli.pictures import write_gantts
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +19,11 @@ import click
 from rich.markup import escape
 
 from umsearch.cli.console import console, write_output
+from umsearch.cli.flags import rows, shared, take
 from umsearch.core.errors import PlanError
 from umsearch.core.jsonio import write_text_atomic
 from umsearch.core.loader import LoadedPlan, load_plan_file
+from umsearch.core.options import option
 from umsearch.core.outputs import check_output_dir, check_output_file
 from umsearch.core.plan import Plan
 
@@ -134,26 +137,33 @@ def _torchtitan(loaded: LoadedPlan, plan_path: Path) -> tuple[Files, list[str]]:
     return files, notes
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExportFlags:
+    """``export``'s own flags."""
+
+    fmt: str = field(metadata=option(
+        "pipelining-csv: torch's compute-only schedule CSV; torchtitan: [parallelism] settings and the "
+        "PlanSchedule recipe.", kind="choice", choices=FORMATS, flag="--format", dest="fmt"))
+    out: str = field(metadata=option(
+        "Folder to write into (files of yours and of other commands in it are kept); pipelining-csv: or a "
+        "FILE.csv to write.", kind="text", metavar="DIR|FILE.csv"))
+
+
 @click.command("export")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
-              help="pipelining-csv: torch's compute-only schedule CSV; torchtitan: [parallelism] settings.")  # fmt: skip
-@click.option("--out", type=click.Path(), required=True,
-              help="Folder to write into (pipelining-csv: or a FILE.csv to write).")  # fmt: skip
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
-              help="Profile of the plan's model (default: the one the plan names).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
-def export_command(plan_path: str, fmt: str, out: str, profile_path: str | None, as_json: bool) -> None:
+@take(rows(ExportFlags))
+@shared("profile", "as_json")
+def export_command(plan_path: str, fmt: str, out: str, profile: str | None, as_json: bool) -> None:
     """Write PLAN.json in a form torch.distributed.pipelining or torchtitan runs."""
     target = Path(out)
     as_file = fmt == "pipelining-csv" and target.suffix == ".csv"
     # Before any work: a bad path is refused, a device never replaced, an input never written over.
-    inputs = [plan_path, *([profile_path] if profile_path else [])]
+    inputs = [plan_path, *([profile] if profile else [])]
     if as_file:
         check_output_file(out, "--out", inputs=inputs)
     else:
         check_output_dir(out, "--out")
-    loaded = load_plan_file(plan_path, profile=profile_path, allow_missing_profile=True)
+    loaded = load_plan_file(plan_path, profile=profile, allow_missing_profile=True)
     folder = None if as_file else _folder(target, fmt, [*inputs, *_read_beside(loaded)])
     notes = list(loaded.notes)
     if fmt == "pipelining-csv":

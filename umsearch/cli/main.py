@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from umsearch import __version__
 from umsearch.cli.console import abort, console, debug_enabled
+from umsearch.cli.flags import shared
 from umsearch.core.errors import UmsearchError
 
 # name -> "module:attribute" of a click.Command, imported on first use.
@@ -63,20 +64,16 @@ def cli() -> None:
     """
 
 
-def _load(plan_path: str, profile_path: str | None, state_factor: float | None) -> Any:
+def _load(plan_path: str, profile: str | None, state_factor: float | None) -> Any:
     """The plan file with its profile (required: these commands cost the plan) and state factor; a plan that
     deadlocks is taken (these commands show where it is stuck)."""
     from umsearch.core.loader import load_plan_file
 
-    return load_plan_file(plan_path, profile=profile_path, state_factor=state_factor, require_profile=True,
+    return load_plan_file(plan_path, profile=profile, state_factor=state_factor, require_profile=True,
                           allow_deadlock=True)  # fmt: skip
 
 
 _plan_arg = click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-_profile_opt = click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
-                            help="Profile to cost the plan with (default: the one the plan names).")  # fmt: skip
-_factor_opt = click.option("--state-factor", type=float, default=None,
-                           help="Bytes of state per parameter byte (default: the plan's, else 4).")  # fmt: skip
 
 
 def _stage_busy(res: Any, stages: int) -> list[float]:
@@ -88,15 +85,13 @@ def _stage_busy(res: Any, stages: int) -> list[float]:
 
 @cli.command("simulate")
 @_plan_arg
-@_profile_opt
-@_factor_opt
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def simulate_command(plan_path: str, profile_path: str | None, state_factor: float | None, as_json: bool) -> None:
+@shared("profile", "state_factor", "as_json")
+def simulate_command(plan_path: str, profile: str | None, state_factor: float | None, as_json: bool) -> None:
     """Predict iteration time and per-rank memory of PLAN.json."""
     from umsearch.cli.tables import plan_tables
     from umsearch.sim.reference import simulate
 
-    loaded = _load(plan_path, profile_path, state_factor)
+    loaded = _load(plan_path, profile, state_factor)
     plan = loaded.plan
     res = simulate(plan, loaded.cost())
     if as_json:
@@ -122,15 +117,12 @@ def simulate_command(plan_path: str, profile_path: str | None, state_factor: flo
 
 @cli.command("show")
 @_plan_arg
-@_profile_opt
-@_factor_opt
-@click.option("--gantt", type=click.Path(dir_okay=False), default=None,
-              help="Write the Gantt chart PNG here (default: PLAN_timeline.png beside the plan).")  # fmt: skip
-@click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Write a Chrome-trace JSON here.")
+@shared("profile", "state_factor", "gantt", "trace")
 def show_command(
-    plan_path: str, profile_path: str | None, state_factor: float | None, gantt: str | None, trace: str | None
+    plan_path: str, profile: str | None, state_factor: float | None, gantt: str | None, trace: str | None
 ) -> None:
-    """Draw the predicted timeline of PLAN.json (Gantt PNG, Chrome trace for Perfetto)."""
+    """Draw the predicted timeline of PLAN.json (Gantt PNG, by default PLAN_timeline.png beside the plan;
+    Chrome trace for Perfetto)."""
     from umsearch.cli.console import write_output
     from umsearch.cli.pictures import write_chrome_trace, write_gantt
     from umsearch.cli.tables import plan_tables
@@ -138,19 +130,19 @@ def show_command(
     from umsearch.sim.reference import simulate
 
     gantt = str(Path(plan_path).with_name(Path(plan_path).stem + "_timeline.png")) if gantt is None else gantt
-    inputs = [plan_path, *([profile_path] if profile_path else [])]
+    inputs = [plan_path, *([profile] if profile else [])]
     check_output_file(gantt, "--gantt", inputs=inputs)  # before any work: a bad path is refused, a device kept
     if trace is not None:
         check_output_file(trace, "--trace", inputs=inputs)
-    loaded = _load(plan_path, profile_path, state_factor)
-    plan, profile = loaded.plan, loaded.profile
+    loaded = _load(plan_path, profile, state_factor)
+    plan, prof = loaded.plan, loaded.profile
     res = simulate(plan, loaded.cost())
-    for table in plan_tables(plan, None if res.deadlock else res, [lay.name for lay in profile.layers],
+    for table in plan_tables(plan, None if res.deadlock else res, [lay.name for lay in prof.layers],
                              console.width):  # fmt: skip
         console.print(table)
     if res.deadlock:
         console.print("[bold red]deadlock:[/] " + escape("; ".join(res.blocked)) + " (drawing the actions that ran)")
-    title = f"{profile.model}: predicted " + ("DEADLOCK" if res.deadlock else f"{res.iteration_ms:.2f} ms")
+    title = f"{prof.model}: predicted " + ("DEADLOCK" if res.deadlock else f"{res.iteration_ms:.2f} ms")
     if plan.data_parallel > 1:
         title += f", replica {res.replica} of {plan.data_parallel} (the slowest) with its all-reduces"
     write_output(gantt, "--gantt", lambda p: write_gantt(res.records, plan.ranks, p, title=title,

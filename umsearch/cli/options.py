@@ -1,13 +1,16 @@
 """Click options from declared settings (:mod:`umsearch.core.options`): the one adapter every command uses.
 
-``search``'s space keys, ``run``/``validate``'s run settings and ``tune``'s
-own knobs (plus the space keys and run settings it shares with them) all
-become click options here, so a setting has one flag, one help text and one
-set of bounds wherever it appears.
+``search``'s space keys, ``run``/``validate``'s run settings, ``tune``'s own
+knobs and every other flag of every command (:mod:`umsearch.cli.flags`) become
+click options here, so a setting has one flag, one help text and one set of
+bounds wherever it appears. Each option made here is a :class:`DeclaredOption`
+that knows its declaration (``tests/cli/test_options.py`` holds every command
+to that).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,7 +20,15 @@ from umsearch.core.errors import UmsearchError
 from umsearch.core.options import Setting
 
 _CLICK_TYPES: dict[str, Any] = {"int": int, "float": float, "size": str, "text": str, "link": str,
-                                "path": click.Path(dir_okay=False)}  # fmt: skip
+                                "path": click.Path(dir_okay=False), "folder": click.Path(file_okay=False)}  # fmt: skip
+
+
+class DeclaredOption(click.Option):
+    """A click option made from a declared :class:`~umsearch.core.options.Setting` (:attr:`setting`)."""
+
+    def __init__(self, *args: Any, setting: Setting, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.setting = setting
 
 
 class _Parsed(click.ParamType):
@@ -54,7 +65,9 @@ def click_option(row: Setting, *, default: Any = None, help_suffix: str = "") ->
     space's keys: the TOML's value stands); a settings group passes its field's default."""
     opt, names, dest = row.option, (row.flag, *row.option.aliases), row.dest
     text = opt.help.replace("`", "") + help_suffix
-    common: dict[str, Any] = {"help": text, "hidden": opt.hidden}
+    common: dict[str, Any] = {"help": text, "hidden": opt.hidden, "cls": DeclaredOption, "setting": row}
+    if default is dataclasses.MISSING:
+        common["required"], default = True, None
     if opt.kind == "switch":
         return click.option(*names, dest, is_flag=True, default=False, **common)
     if opt.kind == "bool":

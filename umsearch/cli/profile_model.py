@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import click
@@ -14,8 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from umsearch.cli.console import console
+from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.interrupts import StopSignals
-from umsearch.cli.progress import Reporter, progress_option
+from umsearch.cli.progress import Reporter
 from umsearch.core.errors import ProfilingError
 from umsearch.core.fields import MAX_INT
 from umsearch.core.jsonio import write_json
@@ -27,6 +28,7 @@ from umsearch.core.links import (
     PRESETS,
 )
 from umsearch.core.model_spec import ModelSpec, parse_arg
+from umsearch.core.options import float_in, int_at_least, option
 from umsearch.core.outputs import check_output_file
 from umsearch.core.profile import (
     PRECISIONS,
@@ -292,43 +294,59 @@ def _default_out(model: str) -> str:
     return f"{model.replace(':', '_').replace('.', '_').replace('/', '_')}_profile.json"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProfileFlags:
+    """``profile``'s own flags (their values are checked by the command, with the way out)."""
+
+    sizes: str | None = field(default=None, metadata=option(
+        f"Microbatch sizes to measure, including 1.  [default: {DEFAULT_SIZES}]", kind="text"))
+    device: str | None = field(default=None, metadata=option(
+        "Where to measure.  [default: cpu]", kind="choice", choices=("cpu", "cuda")))
+    dtype: str = field(default="fp32", metadata=option(
+        "Training precision: fp32; tf32 (GPU: TF32 matmuls and convolutions); bf16 or fp16 autocast (fp16 with "
+        "loss scaling). Runs of plans from this profile use the same.", kind="choice", choices=PRECISIONS))
+    repeats: int | None = field(default=None, metadata=option(
+        "Most timed rounds; each measures every layer at every size still running once (median and spread over "
+        "rounds; a cell stops earlier once --stop-precision is reached).  "
+        f"[default: {DEFAULT_REPEATS}; {CHECK_REPEATS} with --check]", kind="int"))
+    no_pool: bool = field(default=False, metadata=option(
+        "Measure every layer on its own, even structurally identical ones.", kind="switch"))
+    context_layers: int = field(default=CONTEXT_LAYERS, metadata=option(
+        "Layers each timing runs together, the timed one among its neighbours as a stage runs it (1: every layer "
+        "alone, as profiles before 2026-12 were measured).", kind="int", bounds=(1, MAX_INT),
+        parse=int_at_least(1, "--context-layers")))
+    stop_precision: float = field(default=DEFAULT_STOP_PRECISION_PCT, metadata=option(
+        "Stop repeating a layer group at a size once each of its medians is known to this many percent (90% "
+        "interval), after at least 5 rounds; 0: always run --repeats rounds.", kind="float", bounds=(0.0, 100.0),
+        parse=float_in("--stop-precision", 0.0, 100.0)))
+    memory_limit_gb: float | None = field(default=None, metadata=option(
+        "Use at most this much memory (GB) for the profile; on a GPU also the allocator's limit.  [default: the "
+        "free memory]", kind="float"))
+    link_preset: str | None = field(default=None, metadata=option(
+        "State the link as a named interconnect (see docs/gpus.md, 'Link presets').  [default: measured; on one "
+        f"GPU, {ONE_GPU_DEFAULT}]", kind="choice", choices=tuple(PRESETS)))
+    link_latency_ms: float | None = field(default=None, metadata=option(
+        "State the link latency instead of measuring it.", kind="float"))
+    link_bandwidth_gbps: float | None = field(default=None, metadata=option(
+        "State the link bandwidth (GB/s) instead of measuring it.", kind="float"))
+    check: str | None = field(default=None, metadata=option(
+        "Re-measure a sample of this stored profile's layers and sizes and report the drift.", kind="path"))
+    calibrate_too: bool = field(default=False, metadata=option(
+        "Then fit the runtime's per-action and per-message costs (as umsearch calibrate does).", kind="switch",
+        flag="--calibrate"))
+    out: str | None = field(default=None, metadata=option(
+        "Output file (default MODEL_profile.json; with --check, where to write the drift report).", kind="path"))
+
+
 @click.command("profile")
 @click.argument("model", required=False)
-@click.option("--arg", "args", multiple=True, help="Model argument KEY=VALUE (repeatable).")
-@click.option("--sizes", default=None, help=f"Microbatch sizes to measure, including 1.  [default: {DEFAULT_SIZES}]")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where to measure.  [default: cpu]")
-@click.option("--dtype", "dtype", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
-              help="Training precision: fp32; tf32 (GPU: TF32 matmuls and convolutions); bf16 or fp16 autocast "
-                   "(fp16 with loss scaling). Runs of plans from this profile use the same.")  # fmt: skip
-@click.option("--repeats", type=int, default=None,
-              help=f"Most timed rounds; each measures every layer at every size still running once (median and spread "
-                   f"over rounds; a cell stops earlier once --stop-precision is reached).  "
-                   f"[default: {DEFAULT_REPEATS}; {CHECK_REPEATS} with --check]")  # fmt: skip
-@click.option("--threads", type=int, default=None, help="CPU intra-op threads (as in the runtime).  [default: 1]")
-@click.option("--no-pool", is_flag=True, help="Measure every layer on its own, even structurally identical ones.")
-@click.option("--context-layers", type=click.IntRange(min=1), default=CONTEXT_LAYERS, show_default=True,
-              help="Layers each timing runs together, the timed one among its neighbours as a stage runs it "
-                   "(1: every layer alone, as profiles before 2026-12 were measured).")  # fmt: skip
-@click.option("--stop-precision", "stop_precision", type=click.FloatRange(min=0.0, max=100.0),
-              default=DEFAULT_STOP_PRECISION_PCT, show_default=True,
-              help="Stop repeating a layer group at a size once each of its medians is known to this many percent "
-                   "(90% interval), after at least 5 rounds; 0: always run --repeats rounds.")  # fmt: skip
-@click.option("--memory-limit-gb", type=float, default=None,
-              help="Use at most this much memory (GB) for the profile; on a GPU also the allocator's limit.  "
-                   "[default: the free memory]")  # fmt: skip
-@click.option("--link-preset", type=click.Choice(list(PRESETS)), default=None,
-              help="State the link as a named interconnect (see docs/gpus.md, 'Link presets').  [default: measured; "
-                   f"on one GPU, {ONE_GPU_DEFAULT}]")  # fmt: skip
-@click.option("--link-latency-ms", type=float, default=None, help="State the link latency instead of measuring it.")
-@click.option("--link-bandwidth-gbps", type=float, default=None, help="State the link bandwidth (GB/s) instead of measuring it.")
-@click.option("--check", "check", type=click.Path(dir_okay=False), default=None,
-              help="Re-measure a sample of this stored profile's layers and sizes and report the drift.")  # fmt: skip
-@click.option("--calibrate", "calibrate_too", is_flag=True,
-              help="Then fit the runtime's per-action and per-message costs (as umsearch calibrate does).")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Output file (default MODEL_profile.json; with --check, where to write the drift report).")  # fmt: skip
-@progress_option
-def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None, device: str | None, dtype: str,
+@shared("model_args")
+@take(rows(ProfileFlags, "sizes", "device", "dtype", "repeats"))
+@shared("threads", defaults={"threads": None})
+@take(rows(ProfileFlags, "no_pool", "context_layers", "stop_precision", "memory_limit_gb", "link_preset",
+           "link_latency_ms", "link_bandwidth_gbps", "check", "calibrate_too", "out"))
+@shared("progress")
+def profile_command(model: str | None, model_args: tuple[str, ...], sizes: str | None, device: str | None, dtype: str,
                     repeats: int | None, threads: int | None, no_pool: bool, context_layers: int,
                     stop_precision: float, memory_limit_gb: float | None, link_preset: str | None,
                     link_latency_ms: float | None, link_bandwidth_gbps: float | None,
@@ -345,13 +363,13 @@ def profile_command(model: str | None, args: tuple[str, ...], sizes: str | None,
         if threads is None:
             threads = int(load_profile(check).extra.get("measurement", {}).get("threads", 1))
         torch.set_num_threads(threads)
-        _check(check, model, args, device, repeats, no_pool, out, progress)
+        _check(check, model, model_args, device, repeats, no_pool, out, progress)
         return
     if model is None:
         raise ProfilingError("name the model to profile (a zoo name: gpt, vgg16, mlp; or package.module:function), "
                              "or pass --check PROFILE")  # fmt: skip
     # Everything a user can get wrong is refused here, before anything is built or measured.
-    spec = ModelSpec(source=model, args=dict(parse_arg(a) for a in args))
+    spec = ModelSpec(source=model, args=dict(parse_arg(a) for a in model_args))
     path = check_output_file(out or _default_out(model), "--out")
     dev = _device(device or "cpu")
     precision = Precision(dtype)

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-import click
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -34,8 +33,9 @@ from rich.progress import (
 )
 
 from umsearch.cli.console import err_console, one_line
+from umsearch.cli.flags import PROGRESS_MODES, shared
 
-MODES = ("auto", "bars", "lines", "none")
+MODES = PROGRESS_MODES
 """The ``--progress`` choices."""
 INTERVAL_S = 2.0
 """Fewest seconds between two lines (a phase's last step is always printed)."""
@@ -43,14 +43,8 @@ CLOCK: Callable[[], float] = time.monotonic
 """The clock a :class:`Reporter` reads unless given one (tests replace it)."""
 
 
-def progress_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator: the ``--progress`` flag (passed to the command as ``progress``), the same on every command."""
-    return click.option(
-        "--progress", "progress", type=click.Choice(MODES), default="auto", show_default=True,
-        help="How to show progress: bars; lines (one plain line per finished step on stderr, at most one "
-             "every 2 s, for logs and batch jobs); none. auto: bars when stderr is a terminal, else lines "
-             "(none with --json or --quiet).",
-    )(command)  # fmt: skip
+progress_option: Callable[[Any], Any] = shared("progress")
+"""Decorator: the ``--progress`` flag (passed to the command as ``progress``), the same on every command."""
 
 
 def resolve(mode: str, *, quiet: bool = False, stream: Any = None) -> str:

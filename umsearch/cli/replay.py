@@ -9,13 +9,14 @@ What it does and what it writes: docs/replay.md; the library is
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
 from umsearch.cli.console import console, err_console
-from umsearch.cli.options import click_options
+from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.run import (
     load_checked,
     measured_on,
@@ -25,6 +26,7 @@ from umsearch.cli.run import (
 )
 from umsearch.core.cost import CostModel
 from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.options import option
 from umsearch.runtime.config import FLAGS, ModelChoice
 
 REPLAY_FILE = "replay.json"
@@ -34,17 +36,28 @@ _TABLE_FLAGS = ("seed", "threads", "optimizer", "lr")
 """Run settings replay takes besides the model's (:class:`~umsearch.runtime.config.ModelChoice`)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReplayFlags:
+    """``replay``'s own flags (their values are checked by the command, with the way out)."""
+
+    rank: int | None = field(default=None, metadata=option("The rank to replay [default: 0].", kind="int"))
+    all_ranks: bool = field(default=False, metadata=option(
+        "Replay every rank, one after the other.", kind="switch"))
+    device: str = field(default="cpu", metadata=option(
+        "Where the rank runs.", kind="text", metavar="cpu|cuda[:N]"))
+    steps: int = field(default=3, metadata=option(
+        "Iterations; the first is warm-up unless N is 1, the rest give the medians.", kind="int", metavar="N"))
+    out: str | None = field(default=None, metadata=option(
+        f"Write {REPLAY_FILE} into this folder; files of yours and of other commands in it are kept.",
+        kind="folder", metavar="DIR"))
+
+
 @click.command("replay")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-@click.option("--rank", type=int, default=None, help="The rank to replay [default: 0].")
-@click.option("--all-ranks", is_flag=True, help="Replay every rank, one after the other.")
-@click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N]", help="Where the rank runs.")
-@click.option("--steps", type=int, default=3, show_default=True, metavar="N",
-              help="Iterations; the first is warm-up unless N is 1, the rest give the medians.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print replay.json's contents instead of a table.")
-@click.option("--out", type=click.Path(file_okay=False), default=None, metavar="DIR",
-              help=f"Write {REPLAY_FILE} into this folder; files of yours in it are kept.")  # fmt: skip
-@click_options((row for row in FLAGS if row.owner is ModelChoice or row.dest in _TABLE_FLAGS), use_field_defaults=True)
+@take(rows(ReplayFlags, "rank", "all_ranks", "device", "steps"))
+@shared("as_json")
+@take(rows(ReplayFlags, "out"))
+@take(row for row in FLAGS if row.owner is ModelChoice or row.dest in _TABLE_FLAGS)
 @one_line_errors
 def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: str, steps: int, as_json: bool,
                    out: str | None, **values: Any) -> None:  # fmt: skip

@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,12 @@ from click.core import ParameterSource
 
 from umsearch.cli.console import abort as _fail
 from umsearch.cli.console import console, debug_enabled, err_console, write_output
-from umsearch.cli.options import click_options
-from umsearch.cli.progress import Reporter, progress_option
+from umsearch.cli.flags import rows, shared, take
+from umsearch.cli.progress import Reporter
 from umsearch.core.errors import PlanError, RuntimeExecutionError, UmsearchError
+from umsearch.core.fields import MAX_INT
 from umsearch.core.loader import LoadedPlan
+from umsearch.core.options import int_at_least, option
 from umsearch.core.plan import Plan
 from umsearch.core.profile import file_sha256
 from umsearch.runtime.config import (
@@ -55,7 +58,7 @@ from umsearch.runtime.run_plan import check_writable
 
 def table_options(exclude: Sequence[str] = ()) -> Callable[[Any], Any]:
     """Decorator adding every run setting (but ``exclude``'s dests) as click options, with their defaults."""
-    return click_options((row for row in FLAGS if row.dest not in exclude), use_field_defaults=True)
+    return take(row for row in FLAGS if row.dest not in exclude)
 
 
 def split_values(values: dict[str, Any]) -> tuple[RunConfig, ModelChoice, dict[str, Any]]:
@@ -332,24 +335,44 @@ def _check_cluster_fit(plan: Plan, nnodes: int, per_node: int) -> None:
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunFlags:
+    """``run``'s own flags: what it prints and writes, and the cluster launch line it can print instead."""
+
+    print_launch: bool = field(default=False, metadata=option(
+        "Print the torchrun command for a cluster and exit (builds nothing).", kind="switch"))
+    nnodes: int = field(default=1, metadata=option(
+        "Nodes of the --print-launch command.", kind="int", bounds=(1, MAX_INT), parse=int_at_least(1, "--nnodes")))
+    nproc_per_node: int | None = field(default=None, metadata=option(
+        "Processes per node in the --print-launch command [default: ranks x replicas / nnodes].", kind="int",
+        bounds=(1, MAX_INT), parse=int_at_least(1, "--nproc-per-node")))
+    rdzv_endpoint: str | None = field(default=None, metadata=option(
+        "c10d rendezvous of the --print-launch command (needed for --nnodes > 1).", kind="text",
+        metavar="HOST:PORT"))
+    node_rank: int | None = field(default=None, metadata=option(
+        "Node the --print-launch command is for; the line is the same on every node.", kind="int",
+        bounds=(0, MAX_INT), parse=int_at_least(0, "--node-rank")))
+    force_memory: bool = field(default=False, metadata=option(
+        "Run even when a rank's predicted peak memory exceeds its device's (refused by default).", kind="switch"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateFlags:
+    """``validate``'s own flags."""
+
+    rounds: int = field(default=30, metadata=option(
+        "Measured rounds per plan after warm-up; every round runs each plan once, in a rotated order.",
+        kind="int", bounds=(1, MAX_INT), parse=int_at_least(1, "--rounds")))
+    out_path: str | None = field(default=None, metadata=option(
+        "Write the comparison JSON here.", kind="text", flag="--out", metavar="FILE"))
+
+
 @click.command("run")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @table_options()
-@click.option("--json", "as_json", is_flag=True, help="Print the run's report as one JSON object instead of a table.")
-@progress_option
-@click.option("--trace", default=None, metavar="FILE",
-              help="Write the measured timeline (median iteration) as Chrome-trace JSON here.")  # fmt: skip
-@click.option("--print-launch", is_flag=True, help="Print the torchrun command for a cluster and exit (builds nothing).")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Nodes of the --print-launch command.")  # fmt: skip
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
-              help="Processes per node in the --print-launch command [default: ranks x replicas / nnodes].")  # fmt: skip
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-              help="c10d rendezvous of the --print-launch command (needed for --nnodes > 1).")  # fmt: skip
-@click.option("--node-rank", type=click.IntRange(min=0), default=None,
-              help="Node the --print-launch command is for; the line is the same on every node.")  # fmt: skip
-@click.option("--force-memory", is_flag=True,
-              help="Run even when a rank's predicted peak memory exceeds its device's (refused by default).")  # fmt: skip
+@shared("as_json", "progress")
+@take(rows(RunFlags, "print_launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_rank", "force_memory"))
+@shared("trace")
 @one_line_errors
 def run_command(plan_path: str, **values: Any) -> None:
     """Train PLAN.json's model for a few iterations, one local torchrun process per rank (of every
@@ -462,11 +485,8 @@ _VALIDATE_EXCLUDE = ("steps", "out", "collect_grads")
 @click.command("validate")
 @click.argument("plan_paths", metavar="PLAN.json...", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @table_options(exclude=_VALIDATE_EXCLUDE)
-@click.option("--rounds", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Measured rounds per plan after warm-up; every round runs each plan once, in a rotated order.")  # fmt: skip
-@click.option("--out", "out_path", default=None, metavar="FILE",
-              help="Write the comparison JSON here.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@take(rows(ValidateFlags))
+@shared("as_json")
 @one_line_errors
 def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
     """Run PLAN.json files for real, side by side in one set of processes, against the simulator's prediction."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,10 @@ import click
 from rich.markup import escape
 
 from umsearch.cli.console import console
+from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.options import click_options
-from umsearch.cli.progress import Reporter, progress_option
+from umsearch.cli.progress import Reporter
 from umsearch.cli.report import (
     comparison_rows,
     comparison_table,
@@ -23,16 +25,37 @@ from umsearch.cli.report import (
     write_outputs,
 )
 from umsearch.core.data import default_space
+from umsearch.core.fields import MAX_INT
+from umsearch.core.options import int_at_least, option
 from umsearch.core.profile import check_not_partial, load_profile
 from umsearch.search.driver import Progress as SearchProgress
 from umsearch.search.driver import SearchResult, run_search
 from umsearch.search.space import build_space, cluster_values, load_space, options, space_settings
 
 
+@dataclass(frozen=True, kw_only=True)
+class SearchFlags:
+    """``search``'s own flags, beside the search-space keys."""
+
+    stages: int | None = field(default=None, metadata=option(
+        "Alias of --ranks (version 1 spaces called the devices stages).", kind="int"))
+    cluster_path: str | None = field(default=None, metadata=option(
+        "TOML file with a [cluster] table (nodes, gpus_per_node, intra, inter): plan R x D on all its devices; its "
+        "keys override the space's, the --nodes/--gpus-per-node/--intra/--inter flags override both.",
+        kind="path", flag="--cluster"))
+    out: str | None = field(default=None, metadata=option(
+        "Output folder (default results/<space name>/); files of yours and of other commands in it are kept.",
+        kind="folder"))
+    pick: int = field(default=0, metadata=option(
+        "Which Pareto point to write as plan.json (0: the fastest; report.md lists them).", kind="int",
+        bounds=(0, MAX_INT), parse=int_at_least(0, "--pick")))
+    allow_partial: bool = field(default=False, metadata=option(
+        "Search on a partial profile (one whose measurement was interrupted).", kind="switch"))
+
+
 def space_flags(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Every search-space key as a flag (overriding the TOML), plus ``--stages``, the alias of ``--ranks``."""
-    command = click.option("--stages", type=int, help="Alias of --ranks (version 1 spaces called the devices stages).")(
-        command)  # fmt: skip
+    """Every search-space key as a flag (overriding the TOML: unset unless given), plus ``--stages``."""
+    command = take(rows(SearchFlags, "stages"))(command)
     keys = {o["dest"]: o["key"] for o in options()}
     return click_options(space_settings(), help_suffix=lambda row: f" ({keys[row.dest]})")(command)
 
@@ -40,19 +63,10 @@ def space_flags(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.command("search")
 @click.argument("space_path", metavar="[SPACE.toml]", required=False, type=click.Path(dir_okay=False))
 @space_flags
-@click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False),
-              help="TOML file with a [cluster] table (nodes, gpus_per_node, intra, inter): plan R x D on all its "
-                   "devices; its keys override the space's, the --nodes/--gpus-per-node/--intra/--inter flags "
-                   "override both.")  # fmt: skip
-@click.option("--out", type=click.Path(file_okay=False),
-              help="Output folder (default results/<space name>/); files of yours in it are kept.")  # fmt: skip
-@click.option("--pick", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which Pareto point to write as plan.json (0: the fastest; report.md lists them).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables.")
-@click.option("--quiet", is_flag=True, help="Print only the summary line and the files written.")
-@click.option("--allow-partial", is_flag=True,
-              help="Search on a partial profile (one whose measurement was interrupted).")  # fmt: skip
-@progress_option
+@take(rows(SearchFlags, "cluster_path", "out", "pick"))
+@shared("as_json", "quiet")
+@take(rows(SearchFlags, "allow_partial"))
+@shared("progress")
 def search_command(space_path: str | None, cluster_path: str | None, out: str | None, pick: int, as_json: bool,
                    quiet: bool, allow_partial: bool, progress: str, **flags: Any) -> None:  # fmt: skip
     """Find the fastest plan that fits the memory limit (no arguments: the bundled default space)."""

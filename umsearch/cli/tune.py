@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,12 @@ from rich.table import Table
 
 from umsearch.cli.calibrate import _spec
 from umsearch.cli.console import console, err_console
+from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.options import click_options
-from umsearch.cli.progress import Reporter, progress_option
+from umsearch.cli.progress import Reporter
 from umsearch.cli.run import split_values
-from umsearch.core.options import settings
+from umsearch.core.options import option, settings
 from umsearch.core.profile import check_not_partial, load_profile
 from umsearch.orchestrate.tune import TuneConfig
 from umsearch.runtime.config import FLAGS
@@ -45,16 +47,23 @@ _RUN_KEYS = ("threads", "warmup_steps", "model", "model_args", "trust_model_code
 """The run settings tune takes as flags (``run``'s); its seed is the search's."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class TuneFlags:
+    """``tune``'s own flags, beside its knobs (:class:`~umsearch.orchestrate.tune.TuneConfig`)."""
+
+    out: str | None = field(default=None, metadata=option(
+        "Output folder (default results/tune/<profile name>/); files of yours and of other commands in it are "
+        "kept.", kind="folder"))
+
+
 @click.command("tune")
 @click.argument("profile_path", metavar="PROFILE.json", type=click.Path(dir_okay=False))
 @click_options(space_settings(_SPACE_KEYS), defaults=_SPACE_DEFAULTS,
                help_suffix=lambda row: " (the search's, each round)")  # fmt: skip
 @click_options(settings(TuneConfig), use_field_defaults=True)
 @click_options([row for row in FLAGS if row.dest in _RUN_KEYS], use_field_defaults=True)
-@click.option("--out", default=None, type=click.Path(file_okay=False),
-              help="Output folder (default results/tune/<profile name>/).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print tune.json's summary as JSON instead of tables.")
-@progress_option
+@take(rows(TuneFlags))
+@shared("as_json", "progress")
 def tune_command(profile_path: str, out: str | None, as_json: bool, progress: str, **values: Any) -> None:
     """Search, run the K best plans and every torch schedule for real, refit, repeat; plan.json is the
     contender that MEASURED fastest (a torch schedule if one did, exported for torchtitan)."""

@@ -11,7 +11,13 @@ cannot disagree with them: the search space's TOML checks
 
 A flag is named after its key (``time_budget_s`` is ``--time-budget-s``)
 unless the key alone says too little (``[microbatch] max`` is
-``--microbatch-max``); the older spellings stay accepted as aliases.
+``--microbatch-max``); the older spellings stay accepted as aliases. A field
+without a default is a required flag.
+
+Flags that are no setting of a TOML table or settings group (``--json``,
+``--out``, a command's own switches) are declared the same way, in
+:mod:`umsearch.cli.flags` or beside their command: every flag of every
+command comes from a declaration.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-ValueKind = Literal["text", "path", "int", "float", "size", "bool", "choice", "ints", "names", "link", "switch",
-               "multiple"]  # fmt: skip
-"""``switch``: a flag present or not; ``multiple``: a repeatable flag (a tuple); the rest: one value."""
+ValueKind = Literal["text", "path", "folder", "int", "float", "size", "bool", "choice", "ints", "names", "link",
+                   "switch", "multiple"]  # fmt: skip
+"""``switch``: a flag present or not; ``multiple``: a repeatable flag (a tuple); ``path``: a file's path;
+``folder``: a folder's; the rest: one value."""
 Scope = Literal["ranks", "launcher"]
 
 
@@ -123,6 +130,19 @@ def int_at_least(lo: int, name: str) -> Callable[[str], int]:
             raise ValueError(f"{name} takes an integer, got {text!r}") from None
         if value < lo:
             raise ValueError(f"{name} must be at least {lo}, got {value}")
+        return value
+
+    return parse
+
+
+def int_in(name: str, lo: int, hi: int) -> Callable[[str], int]:
+    """A parser of integers from ``lo`` to ``hi``; messages name ``name``."""
+    at_least = int_at_least(lo, name)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > hi:
+            raise ValueError(f"{name} must be at most {hi}, got {value}")
         return value
 
     return parse

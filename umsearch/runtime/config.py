@@ -26,6 +26,7 @@ from umsearch.core.options import (
     Setting,
     float_in,
     int_at_least,
+    int_in,
     nonempty,
     one_of,
     option,
@@ -75,8 +76,12 @@ def _positive_float(name: str) -> Callable[[str], float]:
     return float_in(name, 0.0, float("inf"), lo_open=True)
 
 
+MAX_THREADS = 1024
+"""Most torch threads a rank (or the profiler) may be given."""
+
+
 def _threads(text: str) -> int | None:
-    value = int_at_least(0, "--threads")(text)
+    value = int_in("--threads", 0, MAX_THREADS)(text)
     return value or None
 
 
