@@ -8,12 +8,17 @@ counter at all, so :class:`MemoryTally` counts the model's terms themselves:
 
 - **saved tensors**: the bytes autograd keeps for backwards, through
   :func:`torch.autograd.graph.saved_tensors_hooks` (thread-local, so wrapping
-  a call is enough: the code inside is not changed). Every storage counts
-  once, however many tensors (views, the same tensor saved by two nodes)
-  keep it: storages are keyed by device and ``data_ptr`` with a reference
-  count; each pack returns a small wrapper whose death (``weakref.finalize``)
-  drops one reference, so a storage leaves the count when autograd has freed
-  the last of its saved copies. Parameters are left out (they are state, not
+  a call is enough: the code inside is not changed). A saved tensor counts
+  the bytes of its extent in its storage, not the whole storage (a
+  microbatch's rows of the batch are that microbatch's bytes), and every
+  byte of a storage counts once, however many saved tensors (overlapping
+  views, the same tensor saved by two nodes) keep it: per storage, keyed by
+  device and ``data_ptr``, the extents held are reference-counted and the
+  count is the length of their union; each pack returns a small wrapper
+  whose death (``weakref.finalize``) drops its extent, so bytes leave the
+  count when autograd has freed the last saved view over them. Tensors a
+  stage keeps outside autograd (a recomputing stage's inputs) are counted
+  the same way while registered with :meth:`MemoryTally.hold`. Parameters are left out (they are state, not
   activations), as the profiler leaves them out of ``stash_bytes``
   (:func:`umsearch.measure.stash.saved_bytes`); what autocast saves (the
   low-precision copies of weights) counts, as there.
@@ -42,9 +47,41 @@ StorageKey = tuple[str, int]
 """``(device, data_ptr)`` of a storage: pointers of different devices may coincide."""
 
 
+Extent = tuple[int, int]
+"""``[start, end)`` in bytes of a storage."""
+
+
 def _key(t: torch.Tensor) -> tuple[StorageKey, int]:
     storage = t.untyped_storage()
     return (str(t.device), storage.data_ptr()), storage.nbytes()
+
+
+def extent(t: torch.Tensor) -> Extent:
+    """The bytes of its storage that ``t`` reaches: from its first element to one past its last (empty for no
+    elements). Strides may leave gaps inside (a column of a matrix): those count, as an allocator's block would."""
+    if t.numel() == 0:
+        return 0, 0
+    item = t.element_size()
+    lo = hi = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        if stride >= 0:
+            hi += (size - 1) * stride
+        else:
+            lo += (size - 1) * stride
+    return int(lo) * item, (int(hi) + 1) * item
+
+
+def union_bytes(extents: Iterable[Extent]) -> int:
+    """Length of the union of ``[start, end)`` extents."""
+    total, reach = 0, None
+    for lo, hi in sorted(e for e in extents if e[1] > e[0]):
+        if reach is None or lo > reach:
+            total += hi - lo
+            reach = hi
+        elif hi > reach:
+            total += hi - reach
+            reach = hi
+    return total
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -115,8 +152,8 @@ class MemoryTally:
         self.params = list(params)
         self.optimizer = optimizer
         self._exclude = {_key(p)[0] for p in self.params}
-        self._refs: dict[StorageKey, int] = {}
-        self._sizes: dict[StorageKey, int] = {}
+        self._held: dict[StorageKey, dict[Extent, int]] = {}  # storage -> extent -> references
+        self._sizes: dict[StorageKey, int] = {}  # storage -> bytes of its extents' union
         self._graded: set[int] = set()
         self.saved = 0
         self.grads = 0
@@ -132,28 +169,48 @@ class MemoryTally:
         self.saved_peak = max(self.saved_peak, self.saved)
         self._peak_dynamic = max(self._peak_dynamic, self.saved + self.grads)
 
+    def _recount(self, key: StorageKey) -> None:
+        held = self._held.get(key)
+        now = union_bytes(held) if held else 0
+        self.saved += now - self._sizes.get(key, 0)
+        if held:
+            self._sizes[key] = now
+        else:
+            self._sizes.pop(key, None)
+            self._held.pop(key, None)
+        self._bump()
+
+    def _add(self, t: torch.Tensor, owner: object) -> None:
+        """Count ``t``'s extent until ``owner`` dies."""
+        key, _ = _key(t)
+        ext = extent(t)
+        if ext[1] <= ext[0] or key in self._exclude:
+            return
+        held = self._held.setdefault(key, {})
+        held[ext] = held.get(ext, 0) + 1
+        self._recount(key)
+        weakref.finalize(owner, self._release, key, ext)
+
     def _pack(self, t: torch.Tensor) -> _Saved:
         # Detached: a node that saves its own output would otherwise keep itself alive through the
         # wrapper (output -> grad_fn -> saved variable -> wrapper -> output), a cycle through C++.
         wrapper = _Saved(t.detach())
-        key, nbytes = _key(t)
-        if nbytes and key not in self._exclude:
-            refs = self._refs.get(key, 0)
-            if refs == 0:
-                self._sizes[key] = nbytes
-                self.saved += nbytes
-                self._bump()
-            self._refs[key] = refs + 1
-            weakref.finalize(wrapper, self._release, key)
+        self._add(t, wrapper)
         return wrapper
 
-    def _release(self, key: StorageKey) -> None:
-        refs = self._refs[key] - 1
-        if refs:
-            self._refs[key] = refs
-            return
-        del self._refs[key]
-        self.saved -= self._sizes.pop(key)
+    def _release(self, key: StorageKey, ext: Extent) -> None:
+        held = self._held[key]
+        held[ext] -= 1
+        if not held[ext]:
+            del held[ext]
+        self._recount(key)
+
+    def hold(self, t: torch.Tensor) -> object:
+        """Count ``t`` (a tensor kept outside autograd, such as a recomputing stage's input) until the returned
+        token is dropped; its bytes count once with whatever saved tensors share them."""
+        token = _Saved(t)
+        self._add(t, token)
+        return token
 
     def _count_grad(self, p: torch.Tensor) -> None:
         if id(p) in self._graded or p.grad is None:
