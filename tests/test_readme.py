@@ -213,7 +213,7 @@ the machine's speed. A line that hangs fails alone, within the same limit."""
 @pytest.mark.slow
 @pytest.mark.timeout(TOUR_LIMIT_S)
 def test_every_tour_command_runs_as_written(tmp_path: Path) -> None:
-    """The README's Tour and then docs/torchtitan.md's commands, one line after the other, in bash, from a
+    """The README's Tour, docs/torchtitan.md's commands and the Hugging Face lines, one after the other, in bash, from a
     fresh folder holding the bundled spaces (the tour's relative paths): each exits 0."""
     import os
     import shutil
@@ -222,6 +222,7 @@ def test_every_tour_command_runs_as_written(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
     lines = _section_commands(README, "## Tour") + _section_commands(TORCHTITAN, "## Export a plan")
+    lines += _section_commands(README, "## Plan a Hugging Face model")
     assert len(lines) >= 12
     for line in lines:
         done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,

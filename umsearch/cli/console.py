@@ -27,6 +27,12 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def warn(*lines: str) -> None:
+    """Print each line to stderr after a yellow ``warning:`` (text, not markup, as :func:`abort`)."""
+    for line in lines:
+        err_console.print(Text.assemble(("warning:", "bold yellow"), " ", line), soft_wrap=True)
+
+
 def abort(message: str, code: int = 1) -> NoReturn:
     """Print one red line to stderr and exit with ``code``: the CLI's only failure path."""
     # Text, not markup: messages quote paths and rank errors ("runs/[/b].json", "[/.../pair.cc:553]")

@@ -13,7 +13,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from umsearch.cli.console import console
+from umsearch.cli.console import console, warn
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.progress import Reporter
@@ -385,6 +385,7 @@ def profile_command(model: str | None, model_args: tuple[str, ...], sizes: str |
     from umsearch.nn.models import build_model
 
     built = build_model(spec)
+    warn(*built.notes)
     config = ProfileConfig(sizes=size_list, device=dev, repeats=repeats or DEFAULT_REPEATS, pool=not no_pool,
                            precision=precision, memory_cap_bytes=cap, context_layers=context_layers,
                            stop_precision_pct=stop_precision)  # fmt: skip

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from umsearch.cli.console import console, err_console
+from umsearch.cli.console import console, warn
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.run import (
     load_checked,
@@ -94,12 +94,12 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
     planned = optimizer_warning(cfg.optimizer, loaded.state_factor)
     warnings = [*on.warnings, *([planned] if planned is not None else [])]
     for line in warnings:
-        _warn(line)
+        warn(line)
     # The prediction's state is what the rank steps (--optimizer), as run's memory report has it.
     predictions = predict(plan, CostModel(loaded.profile, state_factor=run_state_factor(cfg))) \
         if loaded.profile is not None else None  # fmt: skip
     if predictions is None:
-        _warn("the plan names no profile: measured only (pass --profile PROFILE.json for the prediction)")
+        warn("the plan names no profile: measured only (pass --profile PROFILE.json for the prediction)")
     spec = loaded.require_model()
     factory = spec_factory(spec, cfg.seed)
     replays = [replay_rank(plan, factory, r, device=where, cfg=cfg, steps=steps,
@@ -118,12 +118,6 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
         click.echo(json.dumps(doc))
         return
     _print(doc, out)
-
-
-def _warn(line: str) -> None:
-    from rich.text import Text
-
-    err_console.print(Text.assemble(("warning:", "bold yellow"), " ", line), soft_wrap=True)
 
 
 def _ms(x: float | None) -> str:

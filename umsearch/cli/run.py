@@ -31,7 +31,7 @@ import click
 from click.core import ParameterSource
 
 from umsearch.cli.console import abort as _fail
-from umsearch.cli.console import console, debug_enabled, err_console, write_output
+from umsearch.cli.console import console, debug_enabled, err_console, warn, write_output
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.progress import Reporter
 from umsearch.core.errors import PlanError, RuntimeExecutionError, UmsearchError
@@ -140,13 +140,6 @@ def run_warnings(loaded: LoadedPlan, cfg: RunConfig, cpus: int | None = None) ->
     return out
 
 
-def _warn(lines: list[str]) -> None:
-    from rich.text import Text
-
-    for line in lines:
-        err_console.print(Text.assemble(("warning:", "bold yellow"), " ", line), soft_wrap=True)
-
-
 def load_checked(plan_path: str, choice: ModelChoice, *, require_profile: bool = False) -> LoadedPlan:
     """The plan with profile and model, refused (before anything starts, without running model code)
     when its model may not run, it deadlocks or it does not fit its profile."""
@@ -154,7 +147,7 @@ def load_checked(plan_path: str, choice: ModelChoice, *, require_profile: bool =
     from umsearch.runtime.preflight import preflight
 
     loaded = resolve_plan(plan_path, choice, require_profile=require_profile)
-    _warn(list(loaded.notes))
+    warn(*loaded.notes)
     check_spec_size(require_trusted(loaded))  # before anything is built, --print-launch included
     preflight(loaded.plan, None, loaded.cost() if loaded.profile is not None else None)
     return loaded
@@ -393,7 +386,7 @@ def run_command(plan_path: str, **values: Any) -> None:
             check_writable(path, flag, [plan_path])
     loaded = load_checked(plan_path, choice)
     cfg, on = measured_on(loaded, cfg)  # the ranks (and a printed launch line) get the precision explicitly
-    _warn(list(on.warnings))
+    warn(*on.warnings)
     if extra["print_launch"]:
         click.echo(launch_text(plan_path, loaded.plan, cfg, choice, nnodes=extra["nnodes"],
                                nproc_per_node=extra["nproc_per_node"], rdzv_endpoint=extra["rdzv_endpoint"],
@@ -413,7 +406,7 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
     check_layers(loaded.plan, count_layers(spec_factory(spec, cfg.seed)))
     if not force_memory:
         check_run_memory(loaded, cfg)
-    _warn(run_warnings(loaded, cfg))
+    warn(*run_warnings(loaded, cfg))
     processes = world_size(loaded.plan)
     # One step: torchrun reports nothing until every rank is done (no per-iteration hook in the launcher).
     with Reporter(progress, "run", quiet=as_json) as shown:
@@ -515,7 +508,7 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
         if on.device_differs:
             other_device.append(path)
         fresh = [w for w in [*run_warnings(loaded, cfg), *on.warnings] if w not in warned]
-        _warn(fresh)
+        warn(*fresh)
         warned.update(fresh)
         contenders.append(contender(path, loaded, cfg.seed))
         peaks.append(predicted_peaks(loaded, cfg))

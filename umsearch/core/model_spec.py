@@ -1,7 +1,9 @@
 """Which model a profile or plan is for, and whether umsearch may run its code.
 
 A spec is a zoo name (``gpt``, ``vgg16``, ``mlp``: code that ships with
-umsearch) or ``package.module:function`` with keyword arguments. Importing a
+umsearch), a Hugging Face causal LM by its config (``hf:llama``, ``hf:./folder``:
+transformers' own classes, no remote code, :mod:`umsearch.nn.hf`) or
+``package.module:function`` with keyword arguments. Importing a
 module runs its code, so a spec read from a data file (a plan's ``model``, a
 profile's ``model_spec``) never chooses code to run by itself: a non-zoo spec
 from a file is *untrusted* and is built only when the user names the same
@@ -17,7 +19,10 @@ from typing import Any
 from umsearch.core.errors import ModelSpecError
 
 ZOO_NAMES = ("gpt", "vgg16", "mlp", "hybrid")
-"""Models that ship with umsearch (:mod:`umsearch.nn.zoo`); the only sources a file may name freely."""
+"""Models that ship with umsearch (:mod:`umsearch.nn.zoo`); with ``hf:`` models, the only sources a file may
+name freely."""
+HF_PREFIX = "hf:"
+"""The source prefix of a Hugging Face model (:mod:`umsearch.nn.hf`)."""
 
 _ARG_TYPES = (str, int, float, bool)
 
@@ -36,6 +41,11 @@ class ModelSpec:
     @property
     def is_zoo(self) -> bool:
         return self.source in ZOO_NAMES
+
+    @property
+    def is_hf(self) -> bool:
+        """A Hugging Face model by its config (``hf:NAME``): built from transformers' own classes."""
+        return self.source.startswith(HF_PREFIX)
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "args": dict(self.args)}
@@ -56,7 +66,7 @@ class ModelSpec:
         if ":" not in source and source not in ZOO_NAMES:
             raise ModelSpecError(f"{where} names {source!r}, which is no zoo model ({', '.join(ZOO_NAMES)}) "
                                  "and no package.module:function")  # fmt: skip
-        return cls(source=source, args=dict(args), trusted=trust or source in ZOO_NAMES)
+        return cls(source=source, args=dict(args), trusted=trust or source in ZOO_NAMES or source.startswith(HF_PREFIX))
 
 
 def parse_arg(text: str) -> tuple[str, Any]:

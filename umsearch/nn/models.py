@@ -35,6 +35,10 @@ def build_model(spec: ModelSpec, *, seed: int = 0) -> BuiltModel:
             f"{spec.source}`) or pass --trust-model-code if you trust the file"
         )
     torch.manual_seed(seed)
+    if spec.is_hf:
+        from umsearch.nn.hf import build_hf
+
+        return build_hf(spec.source, spec.args)
     if ":" not in spec.source:
         return build_zoo(spec.source, spec.args)
     module_name, func_name = spec.source.split(":", 1)

@@ -20,3 +20,5 @@ class BuiltModel:
     """``(b, generator) -> (inputs, targets)`` for b independent samples."""
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     """Mean loss over the samples given."""
+    notes: tuple[str, ...] = ()
+    """What the user should know about how the model was built (a weight untied, ...)."""
