@@ -90,3 +90,37 @@ def test_the_link_has_physical_bounds(tmp_path: Any, link: dict[str, Any], match
                                *((p.latency_ms, p.bandwidth_gb_per_s) for p in PRESETS.values())]:  # fmt: skip
         doc = {**unit_profile(4).to_json(), "link": {"latency_ms": latency, "bandwidth_gb_per_s": bandwidth}}
         assert profile_from_json(doc).link.bandwidth_gb_per_s == bandwidth
+
+
+# ------------------------------------------------------------------------------------------------ issue 38
+def _with_layer_fields(**fields: float) -> dict[str, Any]:
+    doc = unit_profile(4).to_json()
+    for i, lay in enumerate(doc["layers"]):
+        lay.update({k: v for k, v in fields.items() if i or k != "boundary_shared_bytes"})
+    return doc
+
+
+def test_the_measured_sharing_fields_round_trip_and_older_profiles_read_as_before() -> None:
+    profile = profile_from_json(_with_layer_fields(boundary_shared_bytes=4.0, input_saved_bytes=6.0))
+    assert [lay.boundary_shared_bytes for lay in profile.layers] == [0.0, 4.0, 4.0, 4.0]
+    assert [lay.input_saved_bytes for lay in profile.layers] == [6.0] * 4
+    assert profile_from_json(profile.to_json()) == profile
+    older = profile_from_json(unit_profile(4).to_json())
+    assert all(lay.boundary_shared_bytes == 0.0 and lay.input_saved_bytes is None for lay in older.layers)
+    assert "boundary_shared_bytes" not in older.to_json()["layers"][1]
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    ({"boundary_shared_bytes": 11.0}, r"layers\[1\].boundary_shared_bytes = 11 is more than the layer's stash_bytes 10"),
+    ({"input_saved_bytes": -1.0}, r"input_saved_bytes"),
+])  # fmt: skip
+def test_sharing_fields_beyond_the_stash_are_refused_in_one_line(fields: dict[str, float], match: str) -> None:
+    with pytest.raises(ProfileError, match=match):
+        profile_from_json(_with_layer_fields(**fields))
+
+
+def test_the_first_layer_shares_nothing_with_a_layer_before_it() -> None:
+    doc = unit_profile(4).to_json()
+    doc["layers"][0]["boundary_shared_bytes"] = 1.0
+    with pytest.raises(ProfileError, match=r"must be 0 for the first layer"):
+        profile_from_json(doc)

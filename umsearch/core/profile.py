@@ -163,6 +163,14 @@ class LayerProfile:
     """Bytes per sample autograd keeps from this layer's forward until its backward."""
     param_bytes: float
     """Bytes of the layer's parameters."""
+    boundary_shared_bytes: float = 0.0
+    """Bytes per sample that this layer and the one before both save (one storage: the earlier layer's saved
+    output is this layer's saved input); a stage running both keeps them once. 0 for the first layer, and
+    where the profile does not say (older profiles). Measured for contract 2.3 (issue 38), not yet read by
+    the cost model."""
+    input_saved_bytes: float | None = None
+    """Bytes per sample of its input that the layer itself saves (what a recomputing stage's kept input and
+    the rebuilt graph share); None where the profile does not say. Measured for contract 2.3, not yet read."""
     bwd_input_ms: tuple[float, ...] | None = None
     """Input-gradient part of the backward per size (needed by plans using ``I``/``W``)."""
     bwd_weight_ms: tuple[float, ...] | None = None
@@ -193,6 +201,10 @@ class LayerProfile:
         for q, values in self.raw_ms.items():
             out[f"{q}_raw_ms"] = list(values)
         out.update(out_bytes=self.out_bytes, stash_bytes=self.stash_bytes, param_bytes=self.param_bytes)
+        if self.boundary_shared_bytes:
+            out["boundary_shared_bytes"] = self.boundary_shared_bytes
+        if self.input_saved_bytes is not None:
+            out["input_saved_bytes"] = self.input_saved_bytes
         return out
 
 
@@ -272,7 +284,8 @@ def _times(raw: Any, where: str, n: int) -> tuple[float, ...]:
     return tuple(number(v, f"{where}[{i}]", ProfileError) for i, v in enumerate(raw))
 
 
-_LAYER_KEYS = frozenset({"name", "out_bytes", "stash_bytes", "param_bytes"}
+_LAYER_KEYS = frozenset({"name", "out_bytes", "stash_bytes", "param_bytes", "boundary_shared_bytes",
+                         "input_saved_bytes"}
                         | {f"{q}_{s}" for q in QUANTITIES for s in ("ms", "iqr_ms", "raw_ms")})  # fmt: skip
 
 
@@ -292,11 +305,20 @@ def _layer(raw: Any, i: int, n: int) -> LayerProfile:
         raise ProfileError(f"profile layer {i} gives only one of bwd_input_ms and bwd_weight_ms; give both or neither")
     byte = {k: number(get(k), f"{where}{k}", ProfileError, limit=MAX_BYTES)
             for k in ("out_bytes", "stash_bytes", "param_bytes")}  # fmt: skip
+    optional = {k: number(obj[k], f"{where}{k}", ProfileError, limit=MAX_BYTES)
+                for k in ("boundary_shared_bytes", "input_saved_bytes") if k in obj}  # fmt: skip
+    for k, value in optional.items():
+        if value > byte["stash_bytes"]:
+            raise ProfileError(f"profile {where}{k} = {value:g} is more than the layer's stash_bytes "
+                               f"{byte['stash_bytes']:g}: a layer shares or keeps only what it saves; fix the "
+                               "profile or measure it again")  # fmt: skip
+    if i == 0 and optional.get("boundary_shared_bytes"):
+        raise ProfileError(f"profile {where}boundary_shared_bytes must be 0 for the first layer (no layer before it)")
     return LayerProfile(
         name=text(get("name"), f"{where}name", ProfileError),
         fwd_ms=_times(get("fwd_ms"), f"{where}fwd_ms", n),
         bwd_ms=_times(get("bwd_ms"), f"{where}bwd_ms", n),
-        bwd_input_ms=split_in, bwd_weight_ms=split_w, **byte,
+        bwd_input_ms=split_in, bwd_weight_ms=split_w, **byte, **optional,
         spread_ms={q: v for q in QUANTITIES if (v := series(f"{q}_iqr_ms")) is not None},
         raw_ms={q: v for q in QUANTITIES if (v := series(f"{q}_raw_ms")) is not None},
     )  # fmt: skip

@@ -74,7 +74,13 @@ from umsearch.measure.memory import (
 from umsearch.measure.pooling import Signature, module_signature, pool_groups, tensor_signature
 from umsearch.measure.quality import Thresholds, assess
 from umsearch.measure.rounds import Cell, calibration_rounds, cover_windows, windows_holding
-from umsearch.measure.stash import saved_bytes, tensor_bytes
+from umsearch.measure.stash import (
+    Saved,
+    input_saved_bytes,
+    saved_storages,
+    shared_bytes,
+    tensor_bytes,
+)
 from umsearch.measure.stopping import DEFAULT_PRECISION, MIN_ROUNDS, converged
 from umsearch.nn.models import BuiltModel, ModelSpec
 from umsearch.nn.precision import Precision, apply_switches
@@ -182,6 +188,10 @@ class Chain:
     """Bytes of one input sample of layer 0."""
     in_bytes: tuple[float, ...] = ()
     """Per layer, input bytes per sample."""
+    boundary_shared_bytes: tuple[float, ...] = ()
+    """Per layer, bytes per sample saved both by it and by the layer before (0 for the first)."""
+    input_saved_bytes: tuple[float, ...] = ()
+    """Per layer, bytes per sample of its own input that it saves."""
     stopped: str | None = None
     """Why the sizes end before the requested ones do (memory), None when all ran."""
 
@@ -190,8 +200,9 @@ class Chain:
         return float(sum(tensor_bytes(t) for ts in self.inputs.values() for t in ts))
 
 
-_Row = tuple[float, float, Signature, float]
-"""Per layer at one size: output, stash and input bytes per sample, and shapes and stash."""
+_Row = tuple[float, float, Signature, float, float, float]
+"""Per layer at one size: output, stash and input bytes per sample, shapes and stash, and the bytes per sample
+it saves that the layer before saved too, and of its input that it saves."""
 
 
 def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.device,
@@ -200,11 +211,13 @@ def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.devic
     L = len(built.layers)
     inputs: list[torch.Tensor] = []
     rows: list[_Row] = []
+    before = Saved()
     for i, m in enumerate(built.layers):
         last = i == L - 1
         inp = leaf(x, i == 0)
         with precision.autocast(device):
-            out, stash = saved_bytes(m, inp, (lambda o: built.loss(o, y)) if last else None)
+            out, saved = saved_storages(m, inp, (lambda o: built.loss(o, y)) if last else None)
+            stash = saved.total()
             if not isinstance(out, torch.Tensor):
                 raise ProfilingError(f"layer {built.names[i]} ({type(m).__name__}) returned {type(out).__name__}, "
                                      "not a tensor; each layer must map one tensor to one tensor")  # fmt: skip
@@ -214,7 +227,10 @@ def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.devic
         m.zero_grad(set_to_none=True)
         inputs.append(x.detach())
         rows.append((tensor_bytes(out) / b, stash / b, (tensor_signature(x), tensor_signature(out), stash),
-                     tensor_bytes(x) / b))  # fmt: skip
+                     tensor_bytes(x) / b, shared_bytes(before, saved) / b, input_saved_bytes(saved, inp) / b))  # fmt: skip
+        # The next layer's input is this output's storage (a detached view), so what both save is found by
+        # storage; this layer's saved storages are held until then, so an address is never a reused one.
+        before = saved
         x = out.detach()
     return inputs, y, rows
 
@@ -286,7 +302,9 @@ def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tic
                  out_bytes=tuple(per_size[-1][i][0] for i in range(L)),
                  stash_bytes=tuple(per_size[-1][i][1] for i in range(L)),
                  signatures=sigs, input_bytes=float(tensor_bytes(first) / first.shape[0]),
-                 in_bytes=tuple(per_size[-1][i][3] for i in range(L)), stopped=stopped)  # fmt: skip
+                 in_bytes=tuple(per_size[-1][i][3] for i in range(L)),
+                 boundary_shared_bytes=tuple(per_size[-1][i][4] for i in range(L)),
+                 input_saved_bytes=tuple(per_size[-1][i][5] for i in range(L)), stopped=stopped)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- rounds
@@ -536,6 +554,7 @@ def _layer(built: BuiltModel, chain: Chain, i: int, curves: dict[str, Curve]) ->
         name=built.names[i], fwd_ms=curves["fwd"].fitted, bwd_ms=curves["bwd"].fitted,
         bwd_input_ms=fitted("bwd_input"), bwd_weight_ms=fitted("bwd_weight"),
         out_bytes=chain.out_bytes[i], stash_bytes=chain.stash_bytes[i],
+        boundary_shared_bytes=chain.boundary_shared_bytes[i], input_saved_bytes=chain.input_saved_bytes[i],
         param_bytes=float(sum(tensor_bytes(p) for p in built.layers[i].parameters())),
         spread_ms={q: c.spread for q, c in curves.items()}, raw_ms={q: c.raw for q, c in curves.items()},
     )  # fmt: skip
