@@ -38,29 +38,58 @@ RULES = ROOT / "core" / "actions.py"
 LETTERS = frozenset(KINDS)
 
 
+KIND_NAMES = frozenset({"kind", "kind_code"})
+"""Names (and attributes) that hold an action kind; so does any name ending in ``_kind`` and ``code_kind(...)``."""
+CODE_NAMES = frozenset({"F", "B", "I", "W"})
+"""The kind codes :mod:`umsearch.core.actions` exports: comparing with one is comparing with a letter."""
+
+
 def _is_kind(node: ast.expr) -> bool:
-    return (isinstance(node, ast.Name) and node.id == "kind") or (isinstance(node, ast.Attribute) and node.attr == "kind")
+    if isinstance(node, ast.Name):
+        return node.id in KIND_NAMES or node.id.endswith("_kind")
+    if isinstance(node, ast.Attribute):
+        return node.attr in KIND_NAMES
+    if isinstance(node, ast.Call):
+        f = node.func
+        return (isinstance(f, ast.Name) and f.id == "code_kind") or (isinstance(f, ast.Attribute) and f.attr == "code_kind")
+    return False
 
 
-def _is_letter(node: ast.expr) -> bool:
+def _letters(tree: ast.AST) -> set[str]:
+    """Names that hold kind letters or codes in ``tree``: the exported codes, and any name assigned a letter
+    (or a tuple, list or set of letters), so a comparison through a variable counts too."""
+    names = set(CODE_NAMES)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None and _is_letter(node.value, set()):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _is_letter(node: ast.expr, names: set[str]) -> bool:
     if isinstance(node, ast.Constant):
         return isinstance(node.value, str) and node.value in LETTERS
+    if isinstance(node, ast.Name):
+        return node.id in names
     if isinstance(node, ast.Tuple | ast.List | ast.Set):
-        return any(_is_letter(e) for e in node.elts)
+        return any(_is_letter(e, names) for e in node.elts)
     return False
 
 
 def letter_comparisons(source: str) -> list[int]:
-    """Lines of the comparisons between an action kind and a kind letter in ``source``."""
+    """Lines of the comparisons between an action kind and a kind letter or code in ``source`` (directly, or
+    through a name that holds one)."""
+    tree = ast.parse(source)
+    names = _letters(tree)
     lines = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Compare):
             continue
         operands = [node.left, *node.comparators]
         for (x, y), op in zip(itertools.pairwise(operands), node.ops, strict=True):
             if not isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn):
                 continue
-            if (_is_kind(x) and _is_letter(y)) or (_is_letter(x) and _is_kind(y)):
+            if (_is_kind(x) and _is_letter(y, names)) or (_is_letter(x, names) and _is_kind(y)):
                 lines.append(node.lineno)
                 break
     return lines
@@ -80,6 +109,13 @@ def letter_comparisons(source: str) -> list[int]:
         ('a.kind == other.kind', False),
         ('kind in KINDS', False),
         ('a.stage == "F"', False),
+        ('kind == F', True),  # the exported code
+        ('if kind == W: pass', True),
+        ('SPLIT = ("I", "W")\nok = a.kind in SPLIT', True),  # through a variable
+        ('first: str = "B"\nok = b.kind != first', True),
+        ('ok = code_kind(c) == I', True),
+        ('ok = next_kind in (B, I)', True),
+        ('ok = kind == F_ROW', False),  # no letter behind it
     ],
 )
 def test_the_check_finds_kind_letter_comparisons(source: str, flagged: bool) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, prange
 
-from umsearch.core.actions import B, F, I, W
+from umsearch.core.actions import FEEDS, FORWARD_LIST, SPLIT, B, F, I, W
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
 from umsearch.sim import kernels
@@ -443,14 +443,14 @@ def _advance(ints, rint, g, r, kind, size):  # type: ignore[no-untyped-def]
     """The counters after rank r ran a ``kind`` of local stage g on ``size`` samples (the generator's
     own bookkeeping of the kinds it chose, see :data:`NEXT_ROW`)."""
     ints[NEXT_ROW[kind], g] += 1
-    if kind == F:
+    if FORWARD_LIST[kind]:
         ints[FORWARDED, g] += size
         ints[FORCE, g] = 0
-    elif kind == W:
+    elif FEEDS[kind] == 0:  # a backward's weight half: its I's wait is over
         rint[PENDING_W, r] -= 1
     else:
         ints[BACKWARDED, g] += size
-        if kind == I:
+        if SPLIT[kind]:  # an input half: its W now waits
             rint[PENDING_W, r] += 1
 
 
