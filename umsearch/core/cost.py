@@ -71,6 +71,13 @@ def stage_scales(runtime: RuntimeCosts, lo: npt.ArrayLike, hi: npt.ArrayLike) ->
     return out
 
 
+def device_state_factor(base: float, replicas: int, zero1: bool) -> float:
+    """Bytes of training state per parameter byte on one device (docs/model.md 9): ``base``, or with ZeRO-1
+    its optimizer part sharded over the ``replicas`` copies, ``2 + (base - 2) / D``. The one rule: the
+    simulators, the compiled kernels (which compile this very function) and the cluster pruning read it."""
+    return 2.0 + (base - 2.0) / replicas if zero1 else base
+
+
 def least_scale(runtime: RuntimeCosts) -> float:
     """The smallest factor :func:`stage_scales` can give any stage (what keeps a lower bound a bound)."""
     values = [s for _, s in runtime.stage_scale] or [1.0]
