@@ -9,8 +9,11 @@ one directed link leave in the sender's order, which is its rank's list
 order, so the link's state is its last arrival. When no rank can be resumed
 while actions remain, the plan deadlocks. The loop is sequential per
 candidate with data-dependent branching, which numpy cannot vectorize, so it
-is compiled with numba (nopython, cached on disk); the timing and memory
-rules are the shared kernels of :mod:`umsearch.sim.kernels`.
+is compiled with numba (nopython, cached on disk). The timing and memory
+rules are those of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``,
+``ready_at``, ``memory_step``) spelled out inline in the per-action loop, as
+calls passing arrays cost their reference counts on every action; the action
+rules of :mod:`umsearch.core.actions` are called as compiled there.
 
 Candidates travel as :class:`ArrayPlan`: a few flat numpy arrays per plan,
 no Python object per action, so packing a population is a handful of
@@ -35,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, prange
 
-from umsearch.core.actions import MAX_STAGES, Action
+from umsearch.core.actions import MAX_STAGES, Action, F
 from umsearch.core.cluster import DEFAULT_LAYOUT, Cluster, copies_span_nodes, device, ms_per_byte
 from umsearch.core.cost import CostTables
 from umsearch.core.errors import PlanError
@@ -45,15 +48,15 @@ from umsearch.sim.kernels import (
     code_kind,
     code_mb,
     code_stage,
+    consumer_stage,
+    device_state_factor,
     ends_backward,
-    finish,
-    first_missing,
     link_producers,
-    memory_step,
-    needed_ms,
+    memory_delta,
     on_forward_list,
-    ready_at,
     received_boundary,
+    reruns_forward,
+    sent_boundary,
     source_stage,
 )
 
@@ -376,7 +379,7 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
             s0, S = stage_ptr[c], stage_ptr[c + 1] - stage_ptr[c]
             n_slots = fwd_ptr[s0 + S] - fwd_ptr[s0] + bwd_ptr[s0 + S] - bwd_ptr[s0]
             D = replicas[c]
-            factor = 2.0 + (state_factor - 2.0) / D if zero1[c] else state_factor
+            factor = device_state_factor(state_factor, D, zero1[c])
             last_end[:R] = 0.0
             ready[:S] = 0.0
             for u in range(run_ptr[c], run_ptr[c + 1]):
@@ -463,6 +466,12 @@ def _one(  # type: ignore[no-untyped-def]
     is ``n_f + bwd_ptr[g] - b_base + k``. ``dep_*`` of a slot is the range of
     producer slots it reads (forwards of g-1, or backwards of g+1), relative
     to that producer stage's first slot.
+
+    The rules of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``, ``ready_at``,
+    ``memory_step``) are spelled out inline here, on scalars and this function's own
+    arguments: a kernel call taking arrays costs their reference counts on every action
+    (ARCHITECTURE.md), about 45% of the old loop's time. The scalar rules of
+    :mod:`umsearch.core.actions` are still called, never restated.
     """
     s0, s1 = stage_ptr[c], stage_ptr[c + 1]
     S = s1 - s0
@@ -480,44 +489,68 @@ def _one(  # type: ignore[no-untyped-def]
         r = stack[top_of_stack]
         a0 = act_ptr[r0 + r]
         n_act = act_ptr[r0 + r + 1] - a0
-        while pos[r] < n_act:
-            code = act[a0 + pos[r]]
+        i = pos[r]
+        t_r = clock[r]
+        lvl = level[r]
+        peak = mem[r0 + r]
+        work = busy[r0 + r]
+        while i < n_act:
+            code = act[a0 + i]
             kind = code_kind(code)
             j = code_stage(code)
             k = code_mb(code)
             g = s0 + j
             l_lo, l_hi = lo[g], hi[g]
-            start = clock[r]
-            need = 0.0
-            # Inline on purpose: a shared kernel taking these arrays costs ~20% of the loop (ARCHITECTURE.md).
-            p = source_stage(kind, j, S)  # the stage it reads from (-1: none), its producers on the same list
-            pg = s0 + p if p >= 0 else g
-            if on_forward_list(kind):
+            fl = on_forward_list(kind)
+            if fl:
                 size = fwd[fwd_ptr[g] + k]
                 slot = fwd_ptr[g] - f_base + k
-                producers = fwd_ptr[pg] - f_base if p >= 0 else -1
-                sizes, size_base = fwd, fwd_ptr[pg]
             else:
                 size = bwd[bwd_ptr[g] + k]
                 slot = n_f + bwd_ptr[g] - b_base + k
-                producers = n_f + bwd_ptr[pg] - b_base if p >= 0 else -1
-                sizes, size_base = bwd, bwd_ptr[pg]
-            cross = rank[pg] != rank[g]
-            edge = received_boundary(kind, l_lo, l_hi)
-            if producers >= 0:
-                d = ready_at(deliv, producers, dep_lo[slot], dep_hi[slot])
-                if d < 0.0:  # wait on the first producer that has not run; it resumes this rank
-                    waiter[first_missing(deliv, producers, dep_lo[slot], dep_hi[slot])] = r
+            start = t_r
+            need = 0.0
+            p = source_stage(kind, j, S)  # the stage it reads from (-1: none), its producers on the same list
+            if p >= 0:
+                pg = s0 + p
+                if fl:
+                    producers, size_base = fwd_ptr[pg] - f_base, fwd_ptr[pg]
+                else:
+                    producers, size_base = n_f + bwd_ptr[pg] - b_base, bwd_ptr[pg]
+                first, last = dep_lo[slot], dep_hi[slot]
+                missing = -1
+                for m in range(first, last + 1):  # the latest delivery, or the first producer not run
+                    d = deliv[producers + m]
+                    if d < 0.0:
+                        missing = producers + m
+                        break
+                    start = max(start, d)
+                if missing >= 0:  # wait on it; it resumes this rank
+                    waiter[missing] = r
                     break
-                start = max(start, d)
-                if cross:
-                    need = needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh,
-                                     msg_per_byte)  # fmt: skip
-            end, to, arrival = finish(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
-                                         link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
+                if rank[pg] != rank[g]:  # one message per producer, by its full size
+                    samples = 0
+                    for m in range(first, last + 1):
+                        samples += fwd[size_base + m] if fl else bwd[size_base + m]
+                    need = (last - first + 1) * msg_oh + msg_per_byte * samples * out_bytes[
+                        received_boundary(kind, l_lo, l_hi)]
+            dur = times[kind, size, l_hi] - times[kind, size, l_lo]
+            if reruns_forward(kind, recompute[g]):
+                dur += times[F, size, l_hi] - times[F, size, l_lo]
+            dur *= scale[g]
+            to = consumer_stage(kind, j, S)
+            dst = rank[s0 + to] if to >= 0 else rank[g]
+            sends = dst != rank[g]
+            edge = sent_boundary(kind, l_lo, l_hi)
+            sent_ms = 1 * msg_oh + msg_per_byte * size * out_bytes[edge] if sends else 0.0
+            end = start + dur + op_oh + need + sent_ms
             if ends_backward(kind):  # the stage's latest backward end so far (its rank runs in order)
                 deliv[n_slots + j] = end
             if to >= 0:
+                arrival = end
+                if sends:  # after the link's previous message
+                    arrival = max(end, link[r, dst, 0]) + (link[r, dst, 1] + size * out_bytes[edge] * link[r, dst, 2])
+                    link[r, dst, 0] = arrival
                 deliv[slot] = arrival
                 w = waiter[slot]
                 if w >= 0:
@@ -525,14 +558,20 @@ def _one(  # type: ignore[no-untyped-def]
                     stack[top_of_stack] = w
                     top_of_stack += 1
             # Memory (docs/model.md 5): additions, the peak, then releases.
-            add, rel = memory_step(kind, recompute[g], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
-            level[r] += add
-            mem[r0 + r] = max(mem[r0 + r], level[r])
-            level[r] -= rel
-            busy[r0 + r] += end - start
-            clock[r] = end
-            pos[r] += 1
+            inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
+            add, rel = memory_delta(kind, recompute[g], (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp)
+            lvl += add
+            peak = max(peak, lvl)
+            lvl -= rel
+            work += end - start
+            t_r = end
+            i += 1
             remaining -= 1
+        pos[r] = i
+        clock[r] = t_r
+        level[r] = lvl
+        mem[r0 + r] = peak
+        busy[r0 + r] = work
     ends[r0:r1] = clock[:R]
     for g in range(s0, s1):
         mem[r0 + rank[g]] += state_factor * (param_prefix[hi[g]] - param_prefix[lo[g]])

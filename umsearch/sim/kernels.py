@@ -7,7 +7,10 @@ The batch evaluator (:mod:`umsearch.sim.batch`) and the search's order
 generator (:mod:`umsearch.search.orders`) both time actions, ship messages and
 track memory; they do it through these functions, so the rules exist once in
 compiled form (the reference simulator is their plain-Python twin, and tests
-hold them equal). Kinds are 0 ``F``, 1 ``B``, 2 ``I``, 3 ``W``; what each kind
+hold them equal). One exception, for speed: the evaluator's per-action loop
+(``batch._one``) spells out :func:`finish`, :func:`needed_ms`, :func:`ready_at`
+and :func:`memory_step` inline, so a change to one of them goes there too
+(``tests/sim`` holds the evaluator to the reference simulator). Kinds are 0 ``F``, 1 ``B``, 2 ``I``, 3 ``W``; what each kind
 feeds and needs, the boundary its message crosses, whether it reruns the forward,
 what it does to memory and how an action is coded are compiled from
 :mod:`umsearch.core.actions` itself (its tables and functions), never restated here.
@@ -15,7 +18,7 @@ what it does to memory and how an action is coded are compiled from
 
 from __future__ import annotations
 
-from umsearch.core import actions
+from umsearch.core import actions, cost
 from umsearch.core.actions import B, F
 from umsearch.sim.jit import njit
 
@@ -31,6 +34,7 @@ source_stage = njit(cache=True)(actions.source_stage)
 sent_boundary = njit(cache=True)(actions.sent_boundary)
 received_boundary = njit(cache=True)(actions.received_boundary)
 reruns_forward = njit(cache=True)(actions.reruns_forward)
+device_state_factor = njit(cache=True)(cost.device_state_factor)
 
 
 @njit(cache=True)

@@ -1,0 +1,354 @@
+"""``python -m benchmarks.evaluator``: plans per second of the batch evaluator, before and after issue 37.
+
+Issue 37 item 4 asks for at least 50k plans/s on plans of about 1,500
+actions. The contenders, side by side in one process, rounds rotated, each
+round timing ``pack`` + ``evaluate`` of the whole population:
+
+- ``new``: :func:`umsearch.sim.batch.pack` and :func:`umsearch.sim.batch.evaluate` as they are,
+- ``old``: the evaluator as of commit ca48f1c, kept here verbatim (``_old_evaluate_all`` and
+  ``_old_one``, compiled without a disk cache so no stale code can be served; the kernels
+  of :mod:`umsearch.sim.kernels` it calls and ``pack`` are unchanged since),
+
+both with one numba thread (the issue's "one core") and with every thread.
+Workloads (synthetic simnet profile with the I/W split, B = 256, every stage
+its own random partition, half the backwards split, a looped-BFS order,
+deadlock-free): ``r8_v2`` R = 8 ranks x 2 stages, 32 layers, 8..64 microbatches
+per stage (about 1,450 actions, the workload of ``benchmarks/simulator.py``);
+``r4_v4`` R = 4 x 4 stages (interleaved), 32 layers, 12..64 microbatches (about 1,500).
+The old and new results are checked equal before timing. Ratios pair the two
+contenders of one round; the drift is the old contender's first against its
+last rounds. Writes ``results/bench/evaluator.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+from numba import get_num_threads, prange
+
+from benchmarks.stats import environment, summary
+from umsearch.core.actions import Action
+from umsearch.core.cost import CostModel, CostTables
+from umsearch.core.jsonio import write_json
+from umsearch.core.plan import Plan, Stage
+from umsearch.measure.synthetic import simnet_profile
+from umsearch.sim import batch
+from umsearch.sim.batch import (
+    ArrayPlan,
+    BatchResult,
+    PackedPlans,
+    allreduce_times,
+    encode,
+    evaluate,
+    pack,
+)
+from umsearch.sim.kernels import (
+    code_kind,
+    code_mb,
+    code_stage,
+    ends_backward,
+    finish,
+    first_missing,
+    link_producers,
+    memory_step,
+    needed_ms,
+    on_forward_list,
+    ready_at,
+    received_boundary,
+    source_stage,
+)
+
+L, B = 32, 256
+WORKLOADS = {"r8_v2": (8, 2, 8, 64), "r4_v4": (4, 4, 12, 64)}
+"""name: (ranks, stages per rank, fewest and most microbatches per stage)."""
+
+
+def random_plan(rng: random.Random, ranks: int, per_rank: int, m_lo: int, m_hi: int) -> Plan:
+    """Looped placement, per-stage random partitions, half the backwards split, every forward of a
+    rank's stages then their backwards, deepest first: deadlock-free."""
+    S = ranks * per_rank
+    cuts = [0, *sorted(rng.sample(range(1, L), S - 1)), L]
+    stages = []
+    for j in range(S):
+        inner = sorted(rng.sample(range(1, B), rng.randint(m_lo, m_hi) - 1))
+        sizes = tuple(b - a for a, b in zip([0, *inner], [*inner, B], strict=True))
+        stages.append(Stage(layers=(cuts[j], cuts[j + 1]), rank=j % ranks, forward=sizes, backward=sizes))
+    actions = []
+    for r in range(ranks):
+        mine = [j for j in range(S) if j % ranks == r]
+        acts = [Action(j, "F", k) for j in mine for k in range(len(stages[j].forward))]
+        for j in reversed(mine):
+            for k in range(len(stages[j].backward)):
+                acts += [Action(j, "I", k), Action(j, "W", k)] if rng.random() < 0.5 else [Action(j, "B", k)]
+        actions.append(tuple(acts))
+    return Plan(global_batch=B, ranks=ranks, stages=tuple(stages), actions=tuple(actions))
+
+
+def old_evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
+    """:func:`umsearch.sim.batch.evaluate` as of ca48f1c (same wrapper, the old compiled loop)."""
+    n = packed.size
+    n_ranks = int(packed.rank_ptr[-1])
+    it, top, comp, ar_end = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+    dead = np.zeros(n, dtype=np.bool_)
+    mem, busy, ends = np.zeros(n_ranks), np.zeros(n_ranks), np.zeros(n_ranks)
+    spans = np.full((packed.lo.shape[0], 3), np.nan)
+    t = tables
+    _old_evaluate_all(
+        packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, t.stage_scale(packed.lo, packed.hi),
+        packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.act, packed.act_ptr,
+        t.times, t.out_bytes, t.stash_prefix, t.param_prefix, t.input_bytes,
+        t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms, t.message_overhead_ms_per_byte,
+        t.state_factor, packed.replicas, packed.zero1, packed.links, packed.run_ptr, packed.node_ptr,
+        packed.run_node, allreduce_times(packed, tables),
+        it, dead, top, comp, ar_end, spans, mem, busy, ends, min(n, 4 * get_num_threads()),
+    )  # fmt: skip
+    return BatchResult(iteration_ms=it, compute_end_ms=comp, allreduce_end_ms=ar_end, allreduce_span_ms=spans,
+                       deadlock=dead, max_memory_bytes=top, peak_memory_bytes=mem, busy_ms=busy, rank_end_ms=ends,
+                       rank_ptr=packed.rank_ptr, stage_ptr=packed.stage_ptr)  # fmt: skip
+
+
+@numba.njit(cache=False, parallel=True)
+def _old_evaluate_all(  # type: ignore[no-untyped-def]
+    stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
+    times, out_bytes, stash_prefix, param_prefix, input_bytes,
+    latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
+    replicas, zero1, links, run_ptr, node_ptr, run_node, ar_ms,
+    it, dead, top, comp, ar_end, spans, mem, busy, ends, blocks,
+):  # fmt: skip
+    n = stage_ptr.shape[0] - 1
+    max_s = max_r = max_g = 1  # scratch sizes: the largest candidate's
+    for c in range(n):
+        s0, s1 = stage_ptr[c], stage_ptr[c + 1]
+        max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
+        max_g = max(max_g, s1 - s0)
+        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + s1 - s0)
+    # Candidates are independent: blocks of them run on numba's threads, each with its own
+    # scratch, and every result lands in the candidate's own slots (deterministic).
+    for blk in prange(blocks):
+        dep_lo = np.empty(max_s, np.int64)  # per forward, then per backward: producer range
+        dep_hi = np.empty(max_s, np.int64)
+        # Delivery of each forward's output / each B/I's gradient (-1: not yet), then per stage its last B/W end.
+        deliv = np.empty(max_s)
+        waiter = np.empty(max_s, np.int64)  # the rank waiting for that delivery (-1: none)
+        link = np.empty((max_r, max_r, 3))  # link[src, dst]: arrival of its last message, latency, ms/byte
+        pos = np.empty(max_r, np.int64)
+        clock = np.empty(max_r)
+        level = np.empty(max_r)
+        stack = np.empty(max_r, np.int64)
+        last_end = np.empty(max_r)  # per rank, over the runs
+        ready = np.empty(max_g)  # per stage, its all-reduce's ready time over the runs
+        order = np.empty(max_g, np.int64)
+        for c in range(blk * n // blocks, (blk + 1) * n // blocks):
+            r0, R = rank_ptr[c], rank_ptr[c + 1] - rank_ptr[c]
+            s0, S = stage_ptr[c], stage_ptr[c + 1] - stage_ptr[c]
+            n_slots = fwd_ptr[s0 + S] - fwd_ptr[s0] + bwd_ptr[s0 + S] - bwd_ptr[s0]
+            D = replicas[c]
+            factor = 2.0 + (state_factor - 2.0) / D if zero1[c] else state_factor
+            last_end[:R] = 0.0
+            ready[:S] = 0.0
+            for u in range(run_ptr[c], run_ptr[c + 1]):
+                batch._set_links(link, R, run_node, node_ptr[u], node_ptr[u + 1], links, c, latency, ms_per_byte)
+                dead[c] = _old_one(c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr,
+                               act, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes,
+                               op_oh, msg_oh, msg_per_byte, factor,
+                               dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy,
+                               ends)  # fmt: skip
+                if dead[c]:  # links change times, never what waits for what
+                    break
+                for r in range(R):
+                    last_end[r] = max(last_end[r], ends[r0 + r])
+                for j in range(S):
+                    ready[j] = max(ready[j], deliv[n_slots + j])
+            peak = 0.0
+            for r in range(R):
+                peak = max(peak, mem[r0 + r])
+            if dead[c]:
+                it[c] = top[c] = comp[c] = ar_end[c] = np.inf
+                continue
+            last = 0.0
+            for r in range(R):
+                ends[r0 + r] = last_end[r]
+                last = max(last, last_end[r])
+            done = batch._allreduce_end(s0, S, rank, ready, ar_ms, order, clock, spans) if D > 1 else 0.0
+            comp[c], ar_end[c] = last, done
+            it[c] = max(last, done)
+            top[c] = peak
+
+
+
+@numba.njit(cache=False)
+def _old_one(  # type: ignore[no-untyped-def]
+    c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
+    times, out_bytes, stash_prefix, param_prefix, input_bytes,
+    op_oh, msg_oh, msg_per_byte, state_factor,
+    dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy, ends,
+):  # fmt: skip
+    """Run candidate c (one replica, its links in ``link``, see :func:`_set_links`) to the end or to a
+    deadlock; returns True on deadlock. ``deliv[n_slots + j]`` is left at stage j's last B/W end.
+
+    Slots: forward k of stage g is slot ``fwd_ptr[g] - f_base + k``; backward k
+    is ``n_f + bwd_ptr[g] - b_base + k``. ``dep_*`` of a slot is the range of
+    producer slots it reads (forwards of g-1, or backwards of g+1), relative
+    to that producer stage's first slot.
+    """
+    s0, s1 = stage_ptr[c], stage_ptr[c + 1]
+    S = s1 - s0
+    r0, r1 = rank_ptr[c], rank_ptr[c + 1]
+    R = r1 - r0
+    f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
+    n_f = fwd_ptr[s1] - f_base
+    n_slots = n_f + bwd_ptr[s1] - b_base
+    link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
+    batch._reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem[r0:r1], busy[r0:r1])
+    top_of_stack = R
+    remaining = act_ptr[r1] - act_ptr[r0]
+    while top_of_stack > 0:
+        top_of_stack -= 1
+        r = stack[top_of_stack]
+        a0 = act_ptr[r0 + r]
+        n_act = act_ptr[r0 + r + 1] - a0
+        while pos[r] < n_act:
+            code = act[a0 + pos[r]]
+            kind = code_kind(code)
+            j = code_stage(code)
+            k = code_mb(code)
+            g = s0 + j
+            l_lo, l_hi = lo[g], hi[g]
+            start = clock[r]
+            need = 0.0
+            # Inline on purpose: a shared kernel taking these arrays costs ~20% of the loop (ARCHITECTURE.md).
+            p = source_stage(kind, j, S)  # the stage it reads from (-1: none), its producers on the same list
+            pg = s0 + p if p >= 0 else g
+            if on_forward_list(kind):
+                size = fwd[fwd_ptr[g] + k]
+                slot = fwd_ptr[g] - f_base + k
+                producers = fwd_ptr[pg] - f_base if p >= 0 else -1
+                sizes, size_base = fwd, fwd_ptr[pg]
+            else:
+                size = bwd[bwd_ptr[g] + k]
+                slot = n_f + bwd_ptr[g] - b_base + k
+                producers = n_f + bwd_ptr[pg] - b_base if p >= 0 else -1
+                sizes, size_base = bwd, bwd_ptr[pg]
+            cross = rank[pg] != rank[g]
+            edge = received_boundary(kind, l_lo, l_hi)
+            if producers >= 0:
+                d = ready_at(deliv, producers, dep_lo[slot], dep_hi[slot])
+                if d < 0.0:  # wait on the first producer that has not run; it resumes this rank
+                    waiter[first_missing(deliv, producers, dep_lo[slot], dep_hi[slot])] = r
+                    break
+                start = max(start, d)
+                if cross:
+                    need = needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh,
+                                     msg_per_byte)  # fmt: skip
+            end, to, arrival = finish(kind, j, g, S, r, start, size, l_lo, l_hi, recompute[g], scale[g], need, rank,
+                                         link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
+            if ends_backward(kind):  # the stage's latest backward end so far (its rank runs in order)
+                deliv[n_slots + j] = end
+            if to >= 0:
+                deliv[slot] = arrival
+                w = waiter[slot]
+                if w >= 0:
+                    waiter[slot] = -1
+                    stack[top_of_stack] = w
+                    top_of_stack += 1
+            # Memory (docs/model.md 5): additions, the peak, then releases.
+            add, rel = memory_step(kind, recompute[g], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
+            level[r] += add
+            mem[r0 + r] = max(mem[r0 + r], level[r])
+            level[r] -= rel
+            busy[r0 + r] += end - start
+            clock[r] = end
+            pos[r] += 1
+            remaining -= 1
+    ends[r0:r1] = clock[:R]
+    for g in range(s0, s1):
+        mem[r0 + rank[g]] += state_factor * (param_prefix[hi[g]] - param_prefix[lo[g]])
+    return remaining > 0
+
+
+
+
+Scorer = Callable[[PackedPlans, CostTables], BatchResult]
+
+
+def same(a: BatchResult, b: BatchResult) -> bool:
+    """Whether two evaluations agree on everything the search reads."""
+    return all(np.array_equal(getattr(a, f), getattr(b, f), equal_nan=True)
+               for f in ("iteration_ms", "deadlock", "max_memory_bytes", "peak_memory_bytes", "busy_ms",
+                         "rank_end_ms", "compute_end_ms"))  # fmt: skip
+
+
+def rate(score: Scorer, arrays: list[ArrayPlan], tables: CostTables, threads: int) -> float:
+    """Plans per second of one pack + evaluate of the population on ``threads`` numba threads."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        t = time.perf_counter()
+        score(pack(arrays), tables)
+        return len(arrays) / (time.perf_counter() - t)
+    finally:
+        numba.set_num_threads(before)
+
+
+def run_workload(name: str, plans: int, rounds: int) -> dict[str, Any]:
+    """Rotated rounds of every contender on one workload; rates, paired ratios and drift."""
+    ranks, per_rank, m_lo, m_hi = WORKLOADS[name]
+    rng = random.Random(0)
+    population = [random_plan(rng, ranks, per_rank, m_lo, m_hi) for _ in range(plans)]
+    tables = CostModel(simnet_profile(layers=L, seed=0)).tables(B)
+    arrays = [encode(p) for p in population]
+    if not same(old_evaluate(pack(arrays), tables), evaluate(pack(arrays), tables)):
+        raise SystemExit(f"{name}: the new evaluator disagrees with the old one")
+    threads = numba.get_num_threads()
+    contenders = {f"{who}_{n}thread": (score, n) for who, score in (("old", old_evaluate), ("new", evaluate))
+                  for n in sorted({1, threads})}  # fmt: skip
+    rates: dict[str, list[float]] = {k: [] for k in contenders}
+    names = list(contenders)
+    for i in range(rounds):
+        for k in names[i % len(names) :] + names[: i % len(names)]:  # rotate who goes first
+            score, n = contenders[k]
+            rates[k].append(rate(score, arrays, tables, n))
+    ratios = {f"new_over_old_{n}thread": summary([x / y for x, y in zip(rates[f"new_{n}thread"], rates[f"old_{n}thread"],
+                                                                        strict=True)])
+              for n in sorted({1, threads})}  # fmt: skip
+    old1 = rates["old_1thread"]
+    quarter = max(1, rounds // 4)
+    return {
+        "ranks": ranks, "stages_per_rank": per_rank, "layers": L, "global_batch": B,
+        "microbatches_per_stage": [m_lo, m_hi], "split_share": 0.5, "plans_per_round": plans,
+        "actions_per_plan_mean": statistics.fmean(int(a.act.shape[0]) for a in arrays),
+        "plans_per_s": {k_: summary(v) for k_, v in rates.items()},
+        "ratios": ratios,
+        "drift_old_1thread_last_over_first": statistics.median(old1[-quarter:]) / statistics.median(old1[:quarter]),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--plans", type=int, default=1000, help="candidates per round")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--out", default="results/bench/evaluator.json")
+    a = ap.parse_args(argv)
+    doc: dict[str, Any] = {"schema": "umsearch.bench.evaluator/1", "environment": environment(),
+                           "numba_threads": numba.get_num_threads(), "old": "ca48f1c, copied into this file",
+                           "workloads": {w: run_workload(w, a.plans, a.rounds) for w in WORKLOADS},
+                           "note": "rates per round (pack + evaluate); ratios pair contenders of one round"}  # fmt: skip
+    write_json(Path(a.out), doc)
+    for w, res in doc["workloads"].items():
+        for k, v in res["plans_per_s"].items():
+            print(f"{w} {k:12s} {v['median']:9.0f} plans/s (95% CI {v['ci95'][0]:.0f}-{v['ci95'][1]:.0f})")
+        for k, v in res["ratios"].items():
+            print(f"{w} {k:22s} {v['median']:.2f}x (95% CI {v['ci95'][0]:.2f}-{v['ci95'][1]:.2f})")
+    return doc
+
+
+if __name__ == "__main__":
+    main()
