@@ -202,13 +202,7 @@ def run_threaded(plan: Plan, model: TinyModel, batch_seed: int, steps: int = 1,
             errors.append(exc)
             hub.barrier.abort()
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(R)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    if errors:
-        raise errors[0]
+    run_threads(body, R, errors)
     return grads, losses, comms
 
 
@@ -252,3 +246,14 @@ def zoo_two_stage_plan(spec: dict[str, Any] = MLP_SPEC, batch: int = 8) -> Plan:
     L = len(build_model(ModelSpec.from_json(spec)).layers)
     cut = L // 2
     return plan_of(batch, ((0, cut), [2, batch - 2], None, 2), ((cut, L), [4, batch - 4], None, 1))
+
+
+def run_threads(body: Any, n: int, errors: list[BaseException]) -> None:
+    """``body(r)`` for r in 0..n-1, one thread each (ranks in one process); the first error any raised is raised."""
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    if errors:
+        raise errors[0]

@@ -192,7 +192,7 @@ def make_runners(rank: int, world: int, jobs: Sequence[tuple[str, dict[str, Any]
         kind, plan_json, schedule = jobs[i]
         plan = plan_from_json(plan_json)
         if kind == "umsearch" and plan.data_parallel > 1:
-            runners[i] = RankSession(rank, world, plan_json, factory, cfg, shared.comms)
+            runners[i] = RankSession(rank, world, plan, factory, cfg, shared.comms)  # parsed once, above
         else:
             assert (kind == "torch") == (schedule is not None)
             runners[i] = _ScheduleJob(plan, schedule, shared)

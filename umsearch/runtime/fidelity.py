@@ -163,9 +163,10 @@ def rotation(n: int, round_index: int) -> list[int]:
     return [(round_index + i) % n for i in range(n)]
 
 
-def rounds_worker(rank: int, world_size: int, jobs: Sequence[tuple[dict[str, Any], Any]], cfg: RunConfig,
+def rounds_worker(rank: int, world_size: int, jobs: Sequence[tuple[Plan | dict[str, Any], Any]], cfg: RunConfig,
                   rounds: int) -> list[list[Any]]:  # fmt: skip
-    """Launch target: ``rounds`` rounds of every ``(plan JSON, model factory)`` job in rotated order;
+    """Launch target: ``rounds`` rounds of every ``(plan, model factory)`` job in rotated order (a checked
+    :class:`Plan`, or plan JSON parsed once here);
     per round, per job (in job order), this rank's stats of the measured iteration.
 
     Each job runs ``cfg.warmup_steps`` iterations before the one measured, so
@@ -174,7 +175,7 @@ def rounds_worker(rank: int, world_size: int, jobs: Sequence[tuple[dict[str, Any
     from umsearch.runtime.worker import RankSession
 
     comms: dict[Any, Any] = {}
-    sessions = [RankSession(rank, world_size, plan_json, factory, cfg, comms) for plan_json, factory in jobs]
+    sessions = [RankSession(rank, world_size, plan, factory, cfg, comms) for plan, factory in jobs]
     out: list[list[Any]] = []
     for r in range(rounds):
         measured: list[Any] = [None] * len(jobs)
@@ -226,7 +227,7 @@ def measure_rounds(contenders: Sequence[Contender], cfg: RunConfig, *, rounds: i
         by_world.setdefault(world_size(c.plan), []).append(i)
     steps: dict[int, list[StepResult]] = {}
     for world, members in by_world.items():
-        jobs = [(contenders[i].plan.to_json(), contenders[i].factory) for i in members]
+        jobs = [(contenders[i].plan, contenders[i].factory) for i in members]  # checked Plans, pickled
         per_rank = launch(rounds_worker, world, (jobs, cfg, rounds), cfg.launch)
         for pos, i in enumerate(members):
             steps[i] = [merge_step([per_rank[rk][r][pos] for rk in range(world)]) for r in range(rounds)]

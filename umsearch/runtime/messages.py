@@ -6,37 +6,19 @@ which messages make up a receiver microbatch is
 :func:`umsearch.core.samples.all_overlaps` (``(message, offset, count)``
 triples, one linear merge for the whole lists); everything here is a pure
 function of the size lists and the order in which the receiver reads its
-microbatches, so the sender and the receiver agree without talking.
+microbatches, so the sender and the receiver agree without talking. Which
+slices and releases each step has is worked out once, when the plan is
+lowered (:mod:`umsearch.core.program`); this module assembles them on tensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
-Piece = tuple[int, int, int]
-"""``(message, offset in the message, count)``: one slice of a receiver microbatch."""
-
-
-def releases(parts: Sequence[Sequence[Piece]], order: Iterable[int], messages: int) -> list[list[int]]:
-    """For each receiver microbatch, the messages that no microbatch read after it needs.
-
-    ``parts[k]`` are the slices of receiver microbatch ``k``; ``order`` the
-    receiver microbatches in the order they are built (each once, any order);
-    ``messages`` how many messages there are. After building microbatch ``k``
-    the receiver may drop the messages ``releases(...)[k]``. Linear in the
-    number of slices.
-    """
-    last = [-1] * messages
-    for k in order:
-        for m, _, _ in parts[k]:
-            last[m] = k
-    out: list[list[int]] = [[] for _ in parts]
-    for m, k in enumerate(last):
-        if k >= 0:
-            out[k].append(m)
-    return out
+from umsearch.core.program import Piece as Piece  # re-exported: the slices live in the program
+from umsearch.core.program import releases as releases
 
 
 def assemble(buffers: Mapping[int, torch.Tensor], parts: Sequence[Piece]) -> torch.Tensor:

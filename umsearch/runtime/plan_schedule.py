@@ -44,13 +44,14 @@ import torch.distributed as dist
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
+from umsearch.core.deps import check_deadlock
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import load_plan
 from umsearch.core.plan_rules import validate_plan
+from umsearch.core.program import lower_rank
 from umsearch.runtime.comm import Comm, RankComm, plan_links
 from umsearch.runtime.executor import IterationStats, StageExecutor
-from umsearch.runtime.preflight import check_deadlock
 
 PlanLike = Plan | str | os.PathLike[str]
 """A plan, or the path of a plan file (``umsearch.plan/2``)."""
@@ -74,7 +75,7 @@ class PlanSchedule(_PipelineSchedule):
                  loss_fn: Callable[..., torch.Tensor] | None = None, *, scale_grads: bool = True,
                  precision: str | None = None, comm: Comm | None = None) -> None:  # fmt: skip
         mine = [stages] if isinstance(stages, _PipelineStageBase) else sorted(stages, key=lambda s: s.stage_index)
-        self.plan = validate_plan(plan if isinstance(plan, Plan) else load_plan(plan))
+        self.plan = validate_plan(plan) if isinstance(plan, Plan) else load_plan(plan)  # checked once
         check_deadlock(self.plan)
         self.rank = check_stages(self.plan, mine)
         self._stages = mine
@@ -83,7 +84,8 @@ class PlanSchedule(_PipelineSchedule):
         if comm is None and self.plan.ranks > 1:
             comm = stage_comm(self.plan, mine[0].group, device)
         self.executor = StageExecutor(self.plan, self.rank, [s.submod for s in mine], loss_fn, comm, device=device,
-                                      precision=precision, mean_loss=scale_grads, keep_outputs=True)  # fmt: skip
+                                      precision=precision, mean_loss=scale_grads, keep_outputs=True,
+                                      program=lower_rank(self.plan, self.rank))  # fmt: skip
         self._eval: StageExecutor | None = None
         self.stats: IterationStats | None = None
         """What the last ``step`` measured on this rank (every action's times)."""
@@ -107,7 +109,8 @@ class PlanSchedule(_PipelineSchedule):
             ex = self.executor
             self._eval = StageExecutor(self.plan, self.rank, [s.submod for s in self._stages], self._loss_fn,
                                        ex.comm, device=ex.device, precision=ex.precision, keep_outputs=True,
-                                       mean_loss=self.scale_grads, forward_only=True)  # fmt: skip
+                                       mean_loss=self.scale_grads, forward_only=True,
+                                       program=lower_rank(self.plan, self.rank, forward_only=True))  # fmt: skip
         return self._run(self._eval, args, kwargs, target, losses, True)
 
     def _run(self, ex: StageExecutor, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,

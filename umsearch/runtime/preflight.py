@@ -27,23 +27,16 @@ from dataclasses import dataclass
 import torch
 
 from umsearch.core.cost import CostModel
-from umsearch.core.deps import check_deadlock as deadlock
+from umsearch.core.deps import check_deadlock
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
-from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Profile, profile_precision
 from umsearch.core.units import format_bytes
 from umsearch.runtime.factory import ModelFactory, ModelLike
 
 
-def check_deadlock(plan: Plan) -> None:
-    """Raise PlanError naming every stuck rank's action and what it waits for when ``plan`` deadlocks."""
-    deadlock(validate_plan(plan))
-
-
 def check_layers(plan: Plan, num_layers: int, what: str = "the model") -> None:
-    """Raise PlanError unless ``plan``'s stages tile exactly ``num_layers`` layers of ``what``."""
-    validate_plan(plan)
+    """Raise PlanError unless the (checked) ``plan``'s stages tile exactly ``num_layers`` layers of ``what``."""
     if plan.num_layers != num_layers:
         raise PlanError(
             f"the plan covers layers [0, {plan.num_layers}) but {what} has {num_layers} layers; the last stage "
@@ -86,7 +79,8 @@ def count_layers(factory: ModelFactory) -> int:
 
 
 def preflight(plan: Plan, factory: ModelFactory | None = None, cost: CostModel | None = None) -> None:
-    """The launching process's checks: no deadlock, the profile's layers and I/W split (``cost``), and
+    """The launching process's checks on a checked plan (:func:`umsearch.core.plan_rules.validate_plan` or the
+    plan loader has run; neither is repeated here): no deadlock, the profile's layers and I/W split (``cost``), and
     the model's layer count (``factory``, built on ``meta``). Without ``factory`` no model code runs."""
     check_deadlock(plan)
     if cost is not None:
@@ -96,7 +90,7 @@ def preflight(plan: Plan, factory: ModelFactory | None = None, cost: CostModel |
 
 
 def rank_preflight(plan: Plan, model: ModelLike) -> None:
-    """A rank's checks on the model it built, before it talks to any peer."""
+    """A rank's checks of a checked plan on the model it built, before it talks to any peer."""
     check_model(plan, model)
     check_deadlock(plan)
 

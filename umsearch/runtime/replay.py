@@ -12,7 +12,7 @@ with no peer at all, through the executor's own code path:
 - :class:`ReplayComm` stands in for the other ranks. A send computes its
   tensor and drops it. A receive gets a tensor of exactly the shape and dtype
   the neighbouring stage sends for that message (activations for ``F``,
-  gradients for ``B``/``I``): the message's tag (:func:`umsearch.runtime.executor.tag`)
+  gradients for ``B``/``I``): the message's tag (:func:`umsearch.core.program.tag`)
   names the sending stage, the direction and the microbatch, the buffer the
   executor posts has the plan's size, and the contents are a deterministic
   function of the tag. A shape header (``mb = -1``) is answered with the
@@ -56,6 +56,7 @@ from umsearch.core.cost import CostModel
 from umsearch.core.deps import Dependencies
 from umsearch.core.errors import PlanError, RuntimeExecutionError
 from umsearch.core.plan import Plan
+from umsearch.core.program import untag as untag  # re-exported: replay reads the program's tags
 from umsearch.nn.precision import Precision
 from umsearch.runtime.comm import Handle, RankComm
 from umsearch.runtime.config import RunConfig
@@ -119,13 +120,6 @@ def _threads(device: torch.device, threads: int | None) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------------- shapes
-def untag(tag: int, num_stages: int) -> tuple[int, bool, int]:
-    """Inverse of :func:`umsearch.runtime.executor.tag`: ``(sending stage, gradient?, microbatch)``
-    (microbatch -1: the shape header)."""
-    gradient, rest = bool(tag & 1), tag >> 1
-    return rest % num_stages, gradient, rest // num_stages - 1
-
-
 class StageShapes:
     """The sample shape of every stage's output, as the executors learn them: stage 0 from a sample of
     the model's batch, each later stage from a zero sample of its input's shape, probed on ``device``
@@ -443,7 +437,7 @@ def replay_rank(plan: Plan, factory: ModelFactory, rank: int, *, device: torch.d
     check_rank(plan, rank)
     check_steps(steps)
     with _on_device(device), _threads(device, cfg.launch.threads):
-        session = ReplaySession(replica_worlds(plan)[0][rank], world_size(plan), plan.to_json(), factory, cfg,
+        session = ReplaySession(replica_worlds(plan)[0][rank], world_size(plan), plan, factory, cfg,
                                 device=device)
         first, tally = session.tallied_step(0)
         stats = (first, *(session.step(i) for i in range(1, steps)))

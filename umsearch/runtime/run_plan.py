@@ -162,7 +162,7 @@ def run_plan(plan: Plan, factory: ModelFactory, cfg: RunConfig | None = None, co
     cfg = cfg or RunConfig()
     if cfg.check and not preflighted:
         preflight(plan, factory, cost)
-    return merge(launch(stage_worker, world_size(plan), (plan.to_json(), factory, cfg), cfg.launch))
+    return merge(launch(stage_worker, world_size(plan), (plan, factory, cfg), cfg.launch))
 
 
 def run_plan_file(plan_path: str | os.PathLike[str], processes: int, cfg: RunConfig,

@@ -48,6 +48,7 @@ from typing import Any
 from umsearch.core.errors import RuntimeExecutionError, UmsearchError
 from umsearch.core.jsonio import write_json
 from umsearch.core.options import Setting
+from umsearch.core.plan import Plan
 from umsearch.runtime.config import (
     LaunchConfig,
     RunConfig,
@@ -217,12 +218,12 @@ def _plan_job(ns: argparse.Namespace, me: _Rank) -> tuple[Callable[..., Any], tu
     from umsearch.runtime.worker import stage_worker
 
     if me.result_dir is not None:
-        return stage_worker, (plan.to_json(), factory, run), run.launch
+        return stage_worker, (plan, factory, run), run.launch
     meta = {"plan": str(ns.plan), "model": spec.to_json()}
-    return _cluster_rank, (plan.to_json(), factory, run, meta), run.launch
+    return _cluster_rank, (plan, factory, run, meta), run.launch
 
 
-def _cluster_rank(rank: int, world: int, plan_json: dict[str, Any], factory: Any, run: RunConfig,
+def _cluster_rank(rank: int, world: int, plan: Plan, factory: Any, run: RunConfig,
                   meta: dict[str, Any]) -> Any:  # fmt: skip
     """:func:`stage_worker`, then rank 0 gathers the reports, prints each iteration and writes ``--out``."""
     import torch.distributed as dist
@@ -232,7 +233,7 @@ def _cluster_rank(rank: int, world: int, plan_json: dict[str, Any], factory: Any
 
     if rank == 0 and run.out is not None:
         check_writable(run.out, "--out")  # before the run, not after it
-    report = stage_worker(rank, world, plan_json, factory, run)
+    report = stage_worker(rank, world, plan, factory, run)
     reports: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(report, reports, dst=0)
     if rank == 0:

@@ -21,6 +21,7 @@ import torch
 
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import plan_from_json
+from umsearch.core.program import lower_rank
 from umsearch.nn.precision import Precision, apply_switches, check_autocast
 from umsearch.runtime.comm import Link, RankComm, plan_links
 from umsearch.runtime.config import RunConfig
@@ -63,11 +64,14 @@ class RankSession:
     ``device``: where the stages run (default: the launcher's, ``cuda:LOCAL_RANK`` under NCCL, else the CPU).
     ``comms`` caches the process's links and gradient groups across sessions of one process: process
     groups are collective to create, so plans with the same links (and replicas) share them.
+    ``plan``: a :class:`Plan` checked already (the launcher's gate; it crosses to a spawned process
+    pickled, not re-parsed), or a decoded plan document, parsed and checked here. The session lowers
+    its rank's program once (:func:`umsearch.core.program.lower_rank`) and hands it to the executor.
     """
 
-    def __init__(self, world_rank: int, world_size: int, plan_json: dict[str, Any], factory: ModelFactory,
+    def __init__(self, world_rank: int, world_size: int, plan: Plan | dict[str, Any], factory: ModelFactory,
                  cfg: RunConfig, comms: GroupCache | None = None, device: torch.device | None = None) -> None:  # fmt: skip
-        plan = plan_from_json(plan_json)
+        plan = plan if isinstance(plan, Plan) else plan_from_json(plan)
         check_world(plan, world_size)
         self.placement = Placement.of(plan, world_rank)
         rank = self.placement.rank
@@ -86,7 +90,8 @@ class RankSession:
                                    zero1=plan.zero1, group=grad_sync.group if grad_sync is not None else None,
                                    copies=plan.data_parallel, shard=self.placement.replica)  # fmt: skip
         self.executor = StageExecutor(plan, rank, self.modules, self.model.loss, comm, optimizer=optimizer,
-                                      device=device, precision=precision, grad_sync=grad_sync)  # fmt: skip
+                                      device=device, precision=precision, grad_sync=grad_sync,
+                                      program=lower_rank(plan, rank))  # fmt: skip
 
     def _groups(self, plan: Plan, world_rank: int, device: torch.device,
                 cache: GroupCache) -> tuple[RankComm | None, GradSync | None]:  # fmt: skip
@@ -139,7 +144,7 @@ class RankSession:
                 if p.grad is not None}  # fmt: skip
 
 
-def stage_worker(rank: int, world_size: int, plan_json: dict[str, Any], factory: ModelFactory,
+def stage_worker(rank: int, world_size: int, plan: Plan | dict[str, Any], factory: ModelFactory,
                  cfg: RunConfig) -> StageReport:  # fmt: skip
     """Run ``cfg.steps`` iterations of the process ``rank`` (its world rank); the default process group
     is initialised.
@@ -147,7 +152,7 @@ def stage_worker(rank: int, world_size: int, plan_json: dict[str, Any], factory:
     With ``cfg.check`` the plan is checked against the built model (and for
     deadlock) before any message is exchanged.
     """
-    session = RankSession(rank, world_size, plan_json, factory, cfg)
+    session = RankSession(rank, world_size, plan, factory, cfg)
     first, tally = session.tallied_step(0)  # the first iteration is the warm-up one when there is any
     stats = (first, *(session.step(step) for step in range(1, cfg.steps)))
     grads = session.grads() if cfg.collect_grads else None
