@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.cli.helpers import run_cli
+from tests.folders import tree
 from tests.runtime.test_command import LAYERS, MLP, _plan, two_rank_plan
 from tests.strategies import uniform_profile
 from umsearch.cli.run import run_command
@@ -36,9 +37,6 @@ def unequal(tmp_path: Path) -> Path:
     return folder / "plan.json"
 
 
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and not p.is_symlink()}  # fmt: skip
 
 
 def test_export_never_replaces_a_users_file_and_replaces_its_own(unequal: Path, tmp_path: Path,
@@ -48,12 +46,12 @@ def test_export_never_replaces_a_users_file_and_replaces_its_own(unequal: Path, 
     (out / "plan_schedule.py").write_text("# my own recipe")
     code, _, err = run_cli(capsys, "export", str(unequal), "--format", "torchtitan", "--out", str(out))
     assert code == 1 and "plan_schedule.py' was not written by umsearch" in err
-    assert _tree(out) == {"plan_schedule.py": b"# my own recipe"}
+    assert tree(out) == {"plan_schedule.py": b"# my own recipe"}
     (out / "plan_schedule.py").unlink()
     for _ in range(2):  # the second export replaces what the first wrote
         code, _, err = run_cli(capsys, "export", str(unequal), "--format", "torchtitan", "--out", str(out))
         assert code == 0, err
-    assert sorted(_tree(out)) == [MANIFEST, "plan_schedule.py", "umsearch_plan.json"]
+    assert sorted(tree(out)) == [MANIFEST, "plan_schedule.py", "umsearch_plan.json"]
     assert read_manifest(out).command("plan_schedule.py") == "export-torchtitan"
 
 
@@ -61,11 +59,11 @@ def test_export_never_writes_over_its_own_input(unequal: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     out = tmp_path / "ex"
     assert run_cli(capsys, "export", str(unequal), "--format", "torchtitan", "--out", str(out))[0] == 0
-    before = _tree(out)
+    before = tree(out)
     code, _, err = run_cli(capsys, "export", str(out / "umsearch_plan.json"), "--format", "torchtitan", "--out",
                            str(out), "--profile", str(unequal.parent / "prof.json"))  # fmt: skip
     assert code == 1 and "umsearch_plan.json' is an input of this command" in err
-    assert _tree(out) == before
+    assert tree(out) == before
 
 
 def test_export_into_a_search_folder_keeps_every_search_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,10 +72,10 @@ def test_export_into_a_search_folder_keeps_every_search_output(tmp_path: Path, c
     code, _, err = run_cli(capsys, "search", "--profile", str(tmp_path / "prof.json"), "--ranks", "2", "--batch", "8",
                            "--generations", "2", "--out", str(res), "--quiet")  # fmt: skip
     assert code == 0, err
-    before = _tree(res)
+    before = tree(res)
     code, _, err = run_cli(capsys, "export", str(res / "plan.json"), "--format", "torchtitan", "--out", str(res))
     assert code == 0, err
-    after = _tree(res)
+    after = tree(res)
     assert {n: after[n] for n in before if n != MANIFEST} == {n: b for n, b in before.items() if n != MANIFEST}
     code, _, err = run_cli(capsys, "search", "--profile", str(tmp_path / "prof.json"), "--ranks", "2", "--batch", "8",
                            "--generations", "2", "--out", str(res), "--quiet")  # fmt: skip
@@ -193,16 +191,16 @@ def test_search_replay_tune_and_search_again_into_one_folder_lose_nothing(tmp_pa
               "--quiet"]  # fmt: skip
     assert run_cli(capsys, *search)[0] == 0
     (out / "notes.txt").write_text("mine")
-    searched = _tree(out)
+    searched = tree(out)
     code, _, err = run_cli(capsys, "replay", str(out / "plan.json"), "--all-ranks", "--steps", "1", "--out", str(out))
     assert code == 0, err
-    replayed = _tree(out)
+    replayed = tree(out)
     assert {n: replayed[n] for n in searched if n != MANIFEST} == {n: b for n, b in searched.items() if n != MANIFEST}
     code, _, err = run_cli(capsys, "tune", profile, "--ranks", "2", "--batch", "16", "--out", str(out))
     assert code == 1 and "is an output of umsearch search, and umsearch tune writes a file of that name" in err
-    assert _tree(out) == replayed
+    assert tree(out) == replayed
     code, _, err = run_cli(capsys, *search)
     assert code == 0, err
-    final = _tree(out)
+    final = tree(out)
     assert final["replay.json"] == replayed["replay.json"] and final["notes.txt"] == b"mine"
     assert json.loads(final["plan.json"])["schema"].startswith("umsearch.plan/")

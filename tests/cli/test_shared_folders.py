@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.folders import fill_with, tree
 from umsearch.cli.export import _names as export_names
 from umsearch.cli.replay import REPLAY_FILE
 from umsearch.cli.report import FILES as SEARCH_FILES
@@ -34,35 +35,20 @@ from umsearch.orchestrate.tune_output import EXPORT_FILES as TUNE_EXPORT_FILES
 from umsearch.orchestrate.tune_output import FILES as TUNE_FILES
 
 
-def _fill(names: dict[str, str]):  # type: ignore[no-untyped-def]
-    def fill(stage: Path) -> None:
-        for name, text in names.items():
-            (stage / name).parent.mkdir(parents=True, exist_ok=True)
-            (stage / name).write_text(text)
-
-    return fill
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    """Every regular file under ``folder`` (links not followed) and its bytes."""
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and not p.is_symlink()}  # fmt: skip
-
-
 def _search(out: Path, tag: str, baselines: tuple[str, ...] = ("A", "B")) -> list[Path]:
     files = {"plan.json": tag, "report.md": tag} | {f"baselines/{b}.json": tag for b in baselines}
-    return OutputFolder(out, command="search", expected=list(files)).write(_fill(files))
+    return OutputFolder(out, command="search", expected=list(files)).write(fill_with(files))
 
 
 def test_a_replay_beside_a_search_keeps_every_search_output_and_the_next_search_is_not_refused(tmp_path: Path) -> None:
     out = tmp_path / "o"
     _search(out, "s1")
-    before = _tree(out)
+    before = tree(out)
     OutputFolder(out, command="replay", inputs=[out / "plan.json"], expected=["replay.json"],
-                 last=("replay.json",)).write(_fill({"replay.json": "r1"}))  # fmt: skip
-    assert _tree(out) == before | {MANIFEST: _tree(out)[MANIFEST], "replay.json": b"r1"}
+                 last=("replay.json",)).write(fill_with({"replay.json": "r1"}))  # fmt: skip
+    assert tree(out) == before | {MANIFEST: tree(out)[MANIFEST], "replay.json": b"r1"}
     _search(out, "s2", baselines=("A",))  # B.json is the last search's and stale: removed; replay.json stays
-    assert sorted(_tree(out)) == [MANIFEST, "baselines/A.json", "plan.json", "replay.json", "report.md"]
+    assert sorted(tree(out)) == [MANIFEST, "baselines/A.json", "plan.json", "replay.json", "report.md"]
     assert (out / "replay.json").read_text() == "r1" and (out / "plan.json").read_text() == "s2"
     manifest = read_manifest(out)
     assert {n: manifest.command(n) for n in manifest.files} == {
@@ -72,11 +58,11 @@ def test_a_replay_beside_a_search_keeps_every_search_output_and_the_next_search_
 def test_a_name_another_command_wrote_stops_the_run_before_any_work_naming_both(tmp_path: Path) -> None:
     out = tmp_path / "o"
     _search(out, "s1")
-    before = _tree(out)
+    before = tree(out)
     with pytest.raises(OutputError, match=r"'.*report.md' is an output of umsearch search, and umsearch tune "
                                           r"writes a file of that name"):  # fmt: skip
         OutputFolder(out, command="tune", expected=["tune.json", "report.md"])
-    assert _tree(out) == before
+    assert tree(out) == before
 
 
 def test_a_clash_that_appears_while_the_command_works_is_refused_at_writing_with_nothing_changed(
@@ -84,10 +70,10 @@ def test_a_clash_that_appears_while_the_command_works_is_refused_at_writing_with
     out = tmp_path / "o"
     folder = OutputFolder(out, command="tune", expected=["tune.json", "report.md"])
     _search(out, "s1")  # a search wrote report.md meanwhile
-    before = _tree(out)
+    before = tree(out)
     with pytest.raises(OutputError, match="is an output of umsearch search"):
-        folder.write(_fill({"tune.json": "t", "report.md": "t"}))
-    assert _tree(out) == before
+        folder.write(fill_with({"tune.json": "t", "report.md": "t"}))
+    assert tree(out) == before
 
 
 def test_an_older_manifest_proves_contents_but_no_command_so_its_files_are_replaced_never_removed(
@@ -100,7 +86,7 @@ def test_an_older_manifest_proves_contents_but_no_command_so_its_files_are_repla
     doc = {"schema": "umsearch.outputs/2", "folder": identity(out),
            "files": {n: [{"size": len(t), "sha256": hashlib.sha256(t.encode()).hexdigest()}] for n, t in listed.items()}}
     (out / MANIFEST).write_text(json.dumps(doc))
-    OutputFolder(out, command="search", expected=["plan.json"]).write(_fill({"plan.json": "new"}))
+    OutputFolder(out, command="search", expected=["plan.json"]).write(fill_with({"plan.json": "new"}))
     assert (out / "plan.json").read_text() == "new" and (out / "replay.json").read_text() == "old replay"
     manifest = read_manifest(out)
     assert manifest.command("plan.json") == "search" and manifest.command("replay.json") is None
@@ -112,7 +98,7 @@ def test_a_failed_write_puts_every_file_back_and_names_the_output_not_the_stagin
     out = tmp_path / "o"
     _search(out, "s1")
     (out / "mine.txt").write_text("mine")
-    before = _tree(out)
+    before = tree(out)
     real = os.replace
 
     def failing(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
@@ -127,7 +113,7 @@ def test_a_failed_write_puts_every_file_back_and_names_the_output_not_the_stagin
     assert f"{str(out / 'plan.json')!r} could not be written: No space left on device" in message
     assert "staging" not in message and "as the previous run left it" in message
     monkeypatch.setattr(os, "replace", real)
-    assert _tree(out) == before
+    assert tree(out) == before
     assert not [p for p in out.iterdir() if p.name.startswith(".umsearch-staging")]
     _search(out, "s3")  # and the folder is still umsearch's to write
     assert (out / "plan.json").read_text() == "s3"
@@ -137,12 +123,12 @@ def test_a_failed_write_puts_every_file_back_and_names_the_output_not_the_stagin
 def test_a_read_only_subfolder_is_refused_before_anything_moves(tmp_path: Path) -> None:
     out = tmp_path / "o"
     _search(out, "s1")
-    before = _tree(out)
+    before = tree(out)
     (out / "baselines").chmod(0o555)
     try:
         with pytest.raises(OutputError, match=r"baselines/A.json' could not be written"):
             _search(out, "s2")
-        assert _tree(out) == before
+        assert tree(out) == before
     finally:
         (out / "baselines").chmod(0o755)
 
@@ -151,12 +137,12 @@ def test_a_read_only_subfolder_as_root_is_still_all_or_nothing(tmp_path: Path, m
     """The same case where permissions cannot be taken away (root): a folder reported unwritable."""
     out = tmp_path / "o"
     _search(out, "s1")
-    before = _tree(out)
+    before = tree(out)
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == out / "baselines" else real(p, mode))
     with pytest.raises(OutputError, match=r"baselines/A.json' could not be written: its folder is not writable"):
         _search(out, "s2")
-    assert _tree(out) == before
+    assert tree(out) == before
 
 
 def test_two_writers_take_turns_on_the_folder_lock(tmp_path: Path) -> None:
@@ -166,7 +152,7 @@ def test_two_writers_take_turns_on_the_folder_lock(tmp_path: Path) -> None:
     fd = os.open(out, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # another writer holds the folder
     done: list[object] = []
-    writer = threading.Thread(target=lambda: done.append(folder.write(_fill({"plan.json": "w"}))))
+    writer = threading.Thread(target=lambda: done.append(folder.write(fill_with({"plan.json": "w"}))))
     writer.start()
     try:
         time.sleep(0.3)
@@ -203,12 +189,12 @@ def test_a_signal_during_the_write_takes_effect_once_the_outputs_are_in_place(tm
 
     def fill(stage: Path) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
-        _fill({"plan.json": "w", "report.md": "w"})(stage)
+        fill_with({"plan.json": "w", "report.md": "w"})(stage)
 
     with pytest.raises(Interrupted) as info:
         OutputFolder(out, command="search").write(fill)
     assert info.value.signum == signal.SIGTERM
-    assert sorted(_tree(out)) == [MANIFEST, "plan.json", "report.md"]
+    assert sorted(tree(out)) == [MANIFEST, "plan.json", "report.md"]
     assert read_manifest(out).proves(out, "plan.json")
     assert signal.getsignal(signal.SIGTERM) is not None  # handlers given back
 
@@ -246,18 +232,18 @@ def test_any_sequence_of_commands_keeps_the_users_files_and_each_commands_last_o
     for name in user:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(f"user's {name}")
-    mine = _tree(out)
+    mine = tree(out)
     last: dict[str, dict[str, str]] = {}  # command -> what its last successful run wrote
     for i, (command, names) in enumerate(steps):
         files = {n: f"{command} run {i}: {n}" for n in names}
         try:
-            OutputFolder(out, command=command, expected=_COMMANDS[command]).write(_fill(files))
+            OutputFolder(out, command=command, expected=_COMMANDS[command]).write(fill_with(files))
         except OutputError as exc:
             owners = set(mine) | {n for c, w in last.items() if c != command for n in w}
             assert any(n in str(exc) for n in owners if n in _COMMANDS[command])  # refused for a real clash only
             continue
         last[command] = files
-    now = _tree(out)
+    now = tree(out)
     assert {n: now[n] for n in mine} == mine  # every user file byte-identical
     manifest = read_manifest(out)
     for command, files in last.items():

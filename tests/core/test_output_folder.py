@@ -17,25 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.folders import fill_with, tree
 from umsearch.core.errors import OutputError
 from umsearch.core.files import identity
 from umsearch.core.manifest import MANIFEST, SCHEMA, read_manifest
 from umsearch.core.output_folder import STAGING_MARKER, OutputFolder, left_staging, make_staging
-
-
-def _fill(names: dict[str, str]):  # type: ignore[no-untyped-def]
-    def fill(stage: Path) -> None:
-        for name, text in names.items():
-            (stage / name).parent.mkdir(parents=True, exist_ok=True)
-            (stage / name).write_text(text)
-
-    return fill
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    """Every regular file under ``folder`` (links not followed) and its bytes."""
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and not p.is_symlink()}  # fmt: skip
 
 
 def _entry(text: str) -> list[dict[str, object]]:
@@ -58,21 +44,21 @@ def test_a_folder_keeps_the_users_files_and_replaces_only_its_own(tmp_path: Path
     out = tmp_path / "o"
     out.mkdir()
     (out / "mine.txt").write_text("mine")
-    OutputFolder(out, command="search").write(_fill({"plan.json": "1", "baselines/A.json": "a", "baselines/B.json": "b"}))
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "1", "baselines/A.json": "a", "baselines/B.json": "b"}))
     assert set(read_manifest(out).files) == {"plan.json", "baselines/A.json", "baselines/B.json"}
     (out / "baselines" / "mine.json").write_text("mine")
-    written = OutputFolder(out, command="search").write(_fill({"plan.json": "2", "baselines/A.json": "a2"}))
+    written = OutputFolder(out, command="search").write(fill_with({"plan.json": "2", "baselines/A.json": "a2"}))
     assert written == [out / "baselines/A.json", out / "plan.json"]
-    assert sorted(_tree(out)) == [MANIFEST, "baselines/A.json", "baselines/mine.json", "mine.txt", "plan.json"]
+    assert sorted(tree(out)) == [MANIFEST, "baselines/A.json", "baselines/mine.json", "mine.txt", "plan.json"]
     assert (out / "plan.json").read_text() == "2"
     assert not [p for p in out.iterdir() if p.name.startswith(".umsearch-staging")]
 
 
 def test_a_stale_output_the_user_edited_is_kept(tmp_path: Path) -> None:
     out = tmp_path / "o"
-    OutputFolder(out, command="search").write(_fill({"plan.json": "1", "baselines/A.json": "a", "baselines/B.json": "b"}))
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "1", "baselines/A.json": "a", "baselines/B.json": "b"}))
     (out / "baselines" / "B.json").write_text("my notes on B")
-    OutputFolder(out, command="search").write(_fill({"plan.json": "2"}))
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "2"}))
     assert not (out / "baselines" / "A.json").exists()  # umsearch's, unchanged: removed as stale
     assert (out / "baselines" / "B.json").read_text() == "my notes on B"
     with pytest.raises(OutputError, match=r"B.json' was not written by umsearch \(.*does not list it\)"):
@@ -96,14 +82,14 @@ def test_a_forged_or_stale_manifest_deletes_and_replaces_nothing_of_the_users(tm
         (out / MANIFEST).write_text(json.dumps({"schema": "umsearch.outputs/1", "files": sorted(user)}))
     with pytest.raises(OutputError, match="report.md' was not written by umsearch"):
         OutputFolder(out, command="search", expected=["plan.json", "report.md"])
-    OutputFolder(out, command="search", expected=["plan.json"]).write(_fill({"plan.json": "{}"}))
+    OutputFolder(out, command="search", expected=["plan.json"]).write(fill_with({"plan.json": "{}"}))
     assert {n: (out / n).read_text() for n in user} == user
     assert set(read_manifest(out).files) == {"plan.json"}
 
 
 def test_a_manifest_proves_only_in_the_folder_it_was_written_for(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    OutputFolder(out, command="search").write(_fill({"plan.json": "1", "report.md": "r"}))
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "1", "report.md": "r"}))
     assert read_manifest(out).proves(out, "report.md")
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)  # a backup restored, say: its files are the user's now
@@ -112,7 +98,7 @@ def test_a_manifest_proves_only_in_the_folder_it_was_written_for(tmp_path: Path)
         OutputFolder(copy, command="search", expected=["report.md"])
     moved = tmp_path / "moved"
     out.rename(moved)  # a rename keeps the folder: still umsearch's
-    OutputFolder(moved, command="search", expected=["plan.json", "report.md"]).write(_fill({"plan.json": "2", "report.md": "r2"}))
+    OutputFolder(moved, command="search", expected=["plan.json", "report.md"]).write(fill_with({"plan.json": "2", "report.md": "r2"}))
     assert (moved / "report.md").read_text() == "r2"
 
 
@@ -123,11 +109,11 @@ def test_a_folder_without_a_manifest_is_all_the_users(tmp_path: Path) -> None:
     (out / "plan.json").write_text('{"schema": "umsearch.plan/2"}')
     (out / "report.md").write_text("old report")
     (out / "baselines" / "MyHandTuned.json").write_text('{"schema": "umsearch.plan/2"}')
-    before = _tree(out)
+    before = tree(out)
     with pytest.raises(OutputError, match=r"plan.json' was not written by umsearch \(the folder has no "):
         OutputFolder(out, command="search", expected=["plan.json", "report.md"])
-    OutputFolder(out, command="search").write(_fill({"pareto.json": "{}"}))  # a name that is free is fine
-    assert {n: b for n, b in _tree(out).items() if n in before} == before
+    OutputFolder(out, command="search").write(fill_with({"pareto.json": "{}"}))  # a name that is free is fine
+    assert {n: b for n, b in tree(out).items() if n in before} == before
 
 
 def test_folders_beside_the_output_are_never_touched(tmp_path: Path) -> None:
@@ -137,9 +123,9 @@ def test_folders_beside_the_output_are_never_touched(tmp_path: Path) -> None:
     for name, text in beside.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    OutputFolder(tmp_path / "out", command="search").write(_fill({"plan.json": "{}"}))
+    OutputFolder(tmp_path / "out", command="search").write(fill_with({"plan.json": "{}"}))
     assert {n: (tmp_path / n).read_text() for n in beside} == beside
-    assert sorted(_tree(tmp_path / "out")) == [MANIFEST, "plan.json"]
+    assert sorted(tree(tmp_path / "out")) == [MANIFEST, "plan.json"]
 
 
 def _dead_pid() -> int:
@@ -161,7 +147,7 @@ def test_only_a_staging_folder_its_marker_proves_is_removed(tmp_path: Path) -> N
     shutil.copytree(killed, copied)  # a copy's marker names another folder
     live = make_staging(out)  # a run writing into the same folder now (this process)
     assert left_staging(killed) and not left_staging(copied) and not left_staging(live)
-    OutputFolder(out, command="search").write(_fill({"plan.json": "{}"}))
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "{}"}))
     left = sorted(p.name for p in out.iterdir() if p.name.startswith(".umsearch-staging"))
     assert left == sorted([".umsearch-staging.mine", copied.name, live.name])
     assert (out / ".umsearch-staging.mine" / "notes.md").read_text() == "mine"
@@ -221,13 +207,13 @@ def test_a_fifo_or_device_link_in_the_folder_is_a_clash_never_read(tmp_path: Pat
 def test_a_swap_killed_halfway_is_finished_by_the_next_run(tmp_path: Path) -> None:
     """The manifest written before the swap lists old and new contents: either proves the file umsearch's."""
     out = tmp_path / "out"
-    OutputFolder(out, command="search").write(_fill({"plan.json": "old", "report.md": "old"}))
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "old", "report.md": "old"}))
     doc = json.loads((out / MANIFEST).read_text())
     for name in ("plan.json", "report.md"):
         doc["files"][name]["contents"] += _entry("new")
     (out / MANIFEST).write_text(json.dumps(doc))
     (out / "report.md").write_text("new")  # renamed in before the kill; plan.json still holds the old content
-    OutputFolder(out, command="search", expected=["plan.json", "report.md"]).write(_fill({"plan.json": "3", "report.md": "3"}))
+    OutputFolder(out, command="search", expected=["plan.json", "report.md"]).write(fill_with({"plan.json": "3", "report.md": "3"}))
     assert (out / "plan.json").read_text() == "3" and (out / "report.md").read_text() == "3"
 
 
@@ -239,7 +225,7 @@ def test_a_hostile_manifest_removes_nothing_outside_or_of_the_inputs(tmp_path: P
     listed = {"../victim.txt": "v", str(tmp_path / "victim.txt"): "v", "space.toml": "t", "./plan.json": "{}"}
     _manifest(out, listed)
     assert set(read_manifest(out).files) == {"space.toml"}
-    OutputFolder(out, command="search", inputs=[out / "space.toml"]).write(_fill({"plan.json": "1"}))
+    OutputFolder(out, command="search", inputs=[out / "space.toml"]).write(fill_with({"plan.json": "1"}))
     assert (tmp_path / "victim.txt").read_text() == "v" and (out / "space.toml").read_text() == "t"
     with pytest.raises(OutputError, match="space.toml' is an input of this command"):
         OutputFolder(out, command="search", inputs=[out / "space.toml"], expected=["space.toml"])
@@ -252,25 +238,25 @@ def test_a_folder_link_in_the_output_leads_nothing_outside(tmp_path: Path) -> No
     (elsewhere / "GPipe.json").write_text("{}")
     (out / "baselines").symlink_to(elsewhere)
     _manifest(out, {"baselines/GPipe.json": "{}"})
-    OutputFolder(out, command="search").write(_fill({"plan.json": "{}"}))  # the stale entry lies behind a link: kept
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "{}"}))  # the stale entry lies behind a link: kept
     assert (elsewhere / "GPipe.json").read_text() == "{}"
     with pytest.raises(OutputError, match="is not a folder of its own"):
-        OutputFolder(out, command="search").write(_fill({"baselines/GPipe.json": "{}"}))
+        OutputFolder(out, command="search").write(fill_with({"baselines/GPipe.json": "{}"}))
     assert (elsewhere / "GPipe.json").read_text() == "{}"
 
 
 def test_a_hard_linked_output_is_not_proven(tmp_path: Path) -> None:
     out = tmp_path / "o"
-    OutputFolder(out, command="search").write(_fill({"plan.json": "1", "report.md": "r"}))
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "1", "report.md": "r"}))
     os.link(out / "report.md", tmp_path / "my-copy.md")  # the user's second name for it
-    OutputFolder(out, command="search").write(_fill({"plan.json": "2"}))
+    OutputFolder(out, command="search").write(fill_with({"plan.json": "2"}))
     assert (out / "report.md").exists() and (tmp_path / "my-copy.md").read_text() == "r"
 
 
 def test_a_folder_reached_through_a_link_is_the_same_folder(tmp_path: Path) -> None:
     real = tmp_path / "real"
-    OutputFolder(real, command="search").write(_fill({"plan.json": "1", "report.md": "r"}))
+    OutputFolder(real, command="search").write(fill_with({"plan.json": "1", "report.md": "r"}))
     (tmp_path / "link").symlink_to(real)
-    OutputFolder(tmp_path / "link", command="search", expected=["plan.json", "report.md"]).write(_fill({"plan.json": "2",
+    OutputFolder(tmp_path / "link", command="search", expected=["plan.json", "report.md"]).write(fill_with({"plan.json": "2",
                                                                                     "report.md": "r2"}))
     assert (real / "report.md").read_text() == "r2" and read_manifest(real).proves(real, "report.md")
