@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,10 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import uniform_profile
+from umsearch.core.cluster import Cluster
 from umsearch.core.cost import CostModel
+from umsearch.core.profile import Link
 from umsearch.core.schedules import PEER_SCHEDULES
 from umsearch.measure.synthetic import bimodal_profile
-from umsearch.search.baselines import EXACT_LIMIT, baselines, counts, shapes
+from umsearch.search.baselines import EXACT_LIMIT, baselines, counts, shapes, stage_counts
+from umsearch.search.factorize import Factorization, Placement
 from umsearch.search.genome import Rules
 from umsearch.search.partition import (
     all_cuts,
@@ -155,3 +159,66 @@ def test_a_spent_budget_stops_refining_and_every_peer_is_reported() -> None:
     # Cut short, a baseline is never better than the refined one.
     full = baselines(space, rules, score, tables)["Interleaved1F1B"]
     assert full is not None and full.iteration_ms <= out["Interleaved1F1B"].iteration_ms  # type: ignore[union-attr]
+
+
+def test_looped_peers_run_every_stage_count_torch_accepts() -> None:
+    """Not only the space's stage counts: every v with R * v <= L, and where the bubble is what costs
+    (free messages, no overheads), Interleaved1F1B's best uses more than 2 stages per rank."""
+    base = uniform_profile(8, stash=0.0)
+    linear = tuple(replace(lay, fwd_ms=(1.0, 2.0), bwd_ms=(2.0, 4.0), bwd_input_ms=(1.0, 2.0), bwd_weight_ms=(1.0, 2.0))
+                   for lay in base.layers)  # fmt: skip
+    profile = replace(base, layers=linear)  # time per sample: only the bubble differs between shapes
+    space, rules, score, tables = _setup(profile, stages_per_rank=[1, 2], peers=["Interleaved1F1B", "LoopedBFS"])
+    assert stage_counts(PEER_SCHEDULES["Interleaved1F1B"], rules) == [1, 2, 3, 4]
+    assert stage_counts(PEER_SCHEDULES["ZBVZeroBubble"], rules) == [2]
+    assert stage_counts(PEER_SCHEDULES["1F1B"], rules) == [1]
+    b = baselines(space, rules, score, tables)["Interleaved1F1B"]
+    assert b is not None and b.plan.num_stages // rules.ranks > 2
+    brute = min(float(score.plans([s.on(c)])[0][0]) for s in shapes(PEER_SCHEDULES["Interleaved1F1B"], rules)
+                for c in all_cuts(rules.num_layers, rules.ranks * s.v))  # fmt: skip
+    assert b.iteration_ms == pytest.approx(brute, rel=1e-12)
+
+
+def _least_memory(score: Scorer, peer_name: str, rules: Rules, recompute: bool) -> float:
+    out = np.inf
+    for s in shapes(PEER_SCHEDULES[peer_name], rules, recompute=recompute):
+        mems = score.plans([s.on(c) for c in all_cuts(rules.num_layers, rules.ranks * s.v)])[1]
+        out = min(out, float(mems.min()))
+    return out
+
+
+@pytest.mark.parametrize("peer", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+def test_where_only_full_checkpointing_fits_the_peer_checkpoints_every_stage(peer: str) -> None:
+    profile = uniform_profile(6, stash=1000.0, params=10.0)
+    space, rules, score, tables = _setup(profile, ranks=2, global_batch=8, stages_per_rank=[1, 2], peers=[peer])
+    plain, full = _least_memory(score, peer, rules, False), _least_memory(score, peer, rules, True)
+    assert full < plain  # a limit between the two: only checkpointing fits
+    limit = (full + plain) / 2
+    tight = Scorer(rules, tables, limit)
+    b = baselines(replace(space, memory_limit=limit), rules, tight, tables)[peer]
+    assert b is not None and all(st.recompute for st in b.plan.stages) and "full activation checkpointing" in b.method
+    assert b.max_memory <= limit
+    free = baselines(space, rules, score, tables)[peer]
+    assert free is not None and not any(st.recompute for st in free.plan.stages)
+
+
+def test_zero1_baselines_fit_where_unsharded_ones_do_not() -> None:
+    """On a replica of a data-parallel factorization with ZeRO-1, the peers shard their optimizer
+    states: a limit that no unsharded peer plan meets is met."""
+    profile = uniform_profile(4, stash=1.0, params=1000.0)
+    space, rules, _, tables = _setup(profile, ranks=2, global_batch=8, stages_per_rank=[1, 2], peers=["1F1B"])
+    cluster = Cluster(gpus_per_node=2, intra=Link(latency_ms=0.0, bandwidth_gb_per_s=100.0),
+                      inter=Link(latency_ms=0.0, bandwidth_gb_per_s=10.0))  # fmt: skip
+
+    def peer(zero1: bool, limit: float):  # type: ignore[no-untyped-def]
+        f = Factorization(ranks=2, replicas=4, layout="dp_inner", zero1=zero1)
+        where = Placement(factorization=f, cluster=cluster, batch=32)
+        score = Scorer(rules, tables, limit, where)
+        return baselines(replace(space, memory_limit=limit), rules, score, tables)["1F1B"]
+
+    sharded = peer(True, 1e12)
+    assert sharded is not None and sharded.plan.zero1
+    limit = sharded.max_memory * 1.01
+    assert peer(False, limit) is None
+    got = peer(True, limit)
+    assert got is not None and got.plan.zero1 and got.max_memory <= limit

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.contract import EXAMPLE3, EXAMPLE4, example1, unit_profile
-from tests.strategies import plans, profiles
+from tests.strategies import dp_plans, plans, profiles
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
-from umsearch.search.bound import lower_bound, min_split
+from umsearch.search.bound import lower_bound, max_sizes, min_split
+from umsearch.search.factorize import Factorization, Placement
 from umsearch.search.genome import Rules
 from umsearch.sim.reference import simulate
 
@@ -60,3 +63,62 @@ def test_min_split_is_the_knapsack() -> None:
     assert best[0] == 8.0  # two microbatches of 3: (1 + 3) * 2
     assert best[1] == 6.0  # six of 1
     assert math.isclose(min_split(per, 5)[0], 7.0)  # 3 + 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_never_above_any_plan_that_fits(data: st.DataObject) -> None:
+    """Under a memory limit (the plan's own peak, or a little above) the memory-aware bound stays below
+    the plan's time, with every stage-count and split assumption the plain bound makes."""
+    profile = data.draw(profiles(split=True))
+    plan = data.draw(plans(profile.num_layers))
+    cost = CostModel(profile, state_factor=data.draw(st.sampled_from([1.0, 2.0, 4.0])))
+    res = simulate(plan, cost)
+    if res.iteration_ms is None or res.peak_memory_bytes is None:
+        return
+    limit = max(res.peak_memory_bytes) * data.draw(st.sampled_from([1.0, 1.0 + 1e-12, 1.1, 2.0]))
+    one_stage = plan.num_stages == plan.ranks and data.draw(st.booleans())
+    split = any(plan.uses_split) or data.draw(st.booleans())
+    rules = replace(_rules_for(plan, split, one_stage), memory_limit=limit)
+    bound = lower_bound(cost.tables(plan.global_batch), rules)
+    assert bound <= res.iteration_ms * (1 + 1e-9)
+    assert bound >= lower_bound(cost.tables(plan.global_batch), replace(rules, memory_limit=math.inf))
+
+
+def test_memory_raises_the_bound_and_nothing_fits_below_a_layer() -> None:
+    """Unit layers with a stash of 1 byte a sample: a limit of 2 bytes allows microbatches of at most 2
+    samples, which costs more actions than one microbatch of 4; below one layer's state, no plan fits."""
+    profile = unit_profile(4)
+    cost = CostModel(profile, state_factor=0.0)
+    tables = cost.tables(4)
+    rules = Rules(num_layers=4, ranks=1, batch=4, sizes=(1, 2, 3, 4), max_count=4, stages_per_rank=(1,),
+                  placements=("loop",), split=False, recompute=True)  # fmt: skip
+    stash = np.diff(tables.stash_prefix)
+    free = lower_bound(tables, rules)
+    tight = lower_bound(tables, replace(rules, memory_limit=float(2 * stash.max())))
+    assert max_sizes(tables, float(2 * stash.max())).max() == 2
+    assert tight > free
+    assert lower_bound(tables, replace(rules, memory_limit=float(stash.max()) / 2)) == math.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_never_above_any_data_parallel_plan_that_fits(data: st.DataObject) -> None:
+    """On a cluster, one replica's bound under the factorization's tables (the cheaper link, ZeRO-1's
+    sharded state) stays below every data-parallel plan that fits."""
+    profile = data.draw(profiles(split=True))
+    plan = data.draw(dp_plans(profile.num_layers))
+    if plan.cluster is None:
+        return
+    cost = CostModel(profile, state_factor=data.draw(st.sampled_from([2.0, 4.0])))
+    res = simulate(plan, cost)
+    if res.iteration_ms is None or res.peak_memory_bytes is None:
+        return
+    D = plan.data_parallel
+    f = Factorization(ranks=plan.ranks, replicas=D, layout=plan.layout, zero1=plan.zero1)
+    where = Placement(factorization=f, cluster=plan.cluster, batch=plan.global_batch)
+    replica = dataclasses.replace(plan, global_batch=plan.global_batch // D, data_parallel=1, cluster=None, zero1=False)
+    rules = replace(_rules_for(replica, any(plan.uses_split) or data.draw(st.booleans()), False),
+                    memory_limit=max(res.peak_memory_bytes))  # fmt: skip
+    bound = lower_bound(where.bound_tables(cost.tables(replica.global_batch)), rules)
+    assert bound <= res.iteration_ms * (1 + 1e-9)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from tests.cli.helpers import run_cli
 from tests.contract import example8, example8_profile
-from umsearch.cli.report import allreduce_overlap
+from umsearch.cli.report import allreduce_overlap, verdict
 from umsearch.core.cost import CostModel
+from umsearch.search.baselines import GREEDY
 from umsearch.sim.reference import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,3 +41,17 @@ def test_search_with_a_cluster_file_writes_a_data_parallel_plan(tmp_path: Path,
     assert (summary["ranks"], summary["data_parallel"], plan["ranks"], plan["data_parallel"]) == (2, 2, 2, 2)
     assert plan["cluster"]["gpus_per_node"] == 2 and plan["cluster"]["inter"]["bandwidth_gb_per_s"] == 50.0
     assert "## Cluster" in (out / "report.md").read_text()
+
+
+def _result(best: tuple[str, float], peers: dict[str, float | None]) -> Any:
+    """The fields :func:`verdict` reads of a search result."""
+    scored = lambda name, ms: SimpleNamespace(name=name, iteration_ms=ms)  # noqa: E731
+    return SimpleNamespace(best=scored(*best), baselines={n: None if t is None else scored(n, t) for n, t in peers.items()})
+
+
+def test_the_verdict_names_the_fastest_peer_that_fits_and_never_claims_a_loss_as_a_win() -> None:
+    peers = {"1F1B": 12.0, "Interleaved1F1B": 10.5, "GPipe": None, GREEDY: 9.0}  # the greedy plan is no torch schedule
+    assert verdict(_result(("umsearch", 10.0), peers)) == "1.050x Interleaved1F1B, the fastest torch schedule that fits"
+    handed = verdict(_result(("Interleaved1F1B", 10.5), peers))
+    assert handed.startswith("no plan faster than Interleaved1F1B found") and "x " not in handed
+    assert verdict(_result(("umsearch", 10.0), {"GPipe": None})) == "no torch schedule fits the memory limit"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +20,7 @@ from umsearch.search.genome import (
     repair_sequence,
     shaped_sequence,
 )
+from umsearch.search.moves import Genes, memory_move, moves_for
 from umsearch.search.space import build_space
 
 
@@ -100,3 +104,40 @@ def test_split_needs_the_profile_to_have_it() -> None:
     space = build_space({"profile": "p.json", "ranks": 2, "global_batch": 8})
     assert Rules.of(space, uniform_profile(4, split=True)).split
     assert not Rules.of(space, uniform_profile(4, split=False)).split
+
+
+class _Roll(random.Random):
+    """A generator whose ``random()`` is fixed: picks one branch of a move."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules_st(), st.data())
+def test_the_memory_move_lowers_the_stage_whose_stash_peaks(rules: Rules, data: st.DataObject) -> None:
+    """It recomputes, halves the held microbatches of, or holds back the stage with the largest
+    stash times held microbatch; the structure stays and the result repairs to a valid genome."""
+    stash = tuple(data.draw(st.lists(st.floats(0.0, 100.0), min_size=rules.num_layers, max_size=rules.num_layers)))
+    rules = dataclasses.replace(rules, stash=stash, memory_binds=True, memory_limit=1.0)
+    assert (memory_move in moves_for(rules)) == any(stash)
+    g = data.draw(genomes(rules))
+    per = rules.stage_stash(g.cuts)
+    held = [g.backward[j] if g.recompute[j] else g.forward[j] for j in range(g.stages)]
+    j = max(range(g.stages), key=lambda i: (per[i] * max(held[i]), -i))
+    roll = data.draw(st.sampled_from([0.0, 0.5, 0.9]))
+    genes = Genes.of(g)
+    memory_move(genes, rules, _Roll(roll))
+    if roll == 0.0 and rules.recompute and not g.recompute[j]:
+        assert genes.recompute[j] and genes.backward[j] == g.forward[j]
+    elif roll <= 0.5:
+        now = genes.backward[j] if genes.recompute[j] else genes.forward[j]
+        assert sum(now) == sum(held[j]) and max(now) == -(-max(held[j]) // 2)
+    else:
+        assert genes.cap[j] == max(1, g.cap[j] // 2)
+    assert genes.cuts == list(g.cuts) and genes.v == g.v
+    assert_obeys(genes.to_genome(rules), rules)

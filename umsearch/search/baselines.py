@@ -1,10 +1,15 @@
 """What users run today, scored under the same model: the plans umsearch must beat.
 
 Every peer schedule of docs/model.md 6.2 (torch.distributed.pipelining's orders,
-equal microbatches split as torch splits a batch) on every stage count the
-space allows it, at its best microbatch count and its best partition of the
-layers into ``R * v`` stages; plus a local greedy plan (every stage at its own
-most efficient size). A plan that fits no memory limit is no baseline.
+equal microbatches split as torch splits a batch) on every stage count torch
+builds it with for the model (:func:`stage_counts`: any ``v`` with
+``R * v <= L``, the space's own counts first), without or, where a shape does
+not fit, with full activation checkpointing (every stage recomputes, as
+torchtitan's ``activation_checkpoint.mode = "full"``), at its best microbatch
+count and its best partition of the layers into ``R * v`` stages; on a
+cluster, with ZeRO-1 wherever the factorization allows it (the scorer's
+placement stamps it). Plus a local greedy plan (every stage at its own most
+efficient size). A plan that does not fit the memory limit is no baseline.
 
 The partition: where every (stage count, microbatch count, partition) of a
 schedule adds up to at most :data:`EXACT_LIMIT` plans, all are scored: the
@@ -12,14 +17,16 @@ exact best under the simulator. Otherwise every count is scored on the
 balanced cuts (:func:`~umsearch.search.partition.balanced_cuts`) and the
 :data:`REFINED_COUNTS` fastest per stage count get their partition searched:
 over every partition where there are at most :data:`EXHAUSTIVE_LIMIT`, else by
-descent from the balanced cuts (a local optimum). Each baseline's ``method``
-says which, so no heuristic result passes for an exact one.
+descent from the balanced cuts (a local optimum); stage counts outside the
+space share :data:`REFINED_COUNTS` refinements between them, so the cost grows
+with the screen (one plan per shape), not with the descents. Each baseline's
+``method`` says which, so no heuristic result passes for an exact one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,6 +46,10 @@ EXACT_LIMIT = 40_000
 """Most plans (shapes times partitions) one schedule's exact search scores."""
 EXHAUSTIVE_LIMIT = 5_000
 """Most partitions scored one by one for one schedule, stage count and microbatch count."""
+ALL_STAGE_COUNTS = 16
+"""Stage counts per rank screened one by one; above, a geometric spread (see :func:`spread_counts`)."""
+STAGE_COUNT_STEP = 1.5
+"""Ratio between neighbouring stage counts of the spread."""
 REFINED_COUNTS = 3
 """Microbatch counts per schedule and stage count whose partition is searched beyond the balanced cuts."""
 
@@ -53,6 +64,8 @@ class Shape:
     """Stages per rank."""
     microbatches: int
     """Equal microbatches per stage."""
+    recompute: bool = False
+    """Full activation checkpointing: every stage recomputes (torchtitan's ``activation_checkpoint.mode = "full"``)."""
     template: ArrayPlan
     """The plan on placeholder cuts (only the cuts change between partitions)."""
 
@@ -67,13 +80,13 @@ class Shape:
 GREEDY = "local greedy"
 """The name of the local greedy baseline (not a torch schedule: never the bar to clear)."""
 
-def _template(peer: PeerSchedule, rules: Rules, v: int, m: int) -> ArrayPlan:
+def _template(peer: PeerSchedule, rules: Rules, v: int, m: int, recompute: bool = False) -> ArrayPlan:
     R, S = rules.ranks, rules.ranks * v
     split = np.tile(np.asarray(equal_split(rules.batch, m), dtype=np.int64), S)
     acts = peer.generate(R, v, m)
     codes = np.array([a.code for r in acts for a in r], dtype=np.int64)
     return ArrayPlan(batch=rules.batch, ranks=R, cuts=np.arange(S + 1, dtype=np.int64),
-                     rank=np.asarray(peer.stage_ranks(R, v), dtype=np.int64), recompute=np.zeros(S, dtype=np.bool_),
+                     rank=np.asarray(peer.stage_ranks(R, v), dtype=np.int64), recompute=np.full(S, recompute, dtype=np.bool_),
                      fwd=split, fwd_len=np.full(S, m, dtype=np.int64), bwd=split, bwd_len=np.full(S, m, dtype=np.int64),
                      act=codes, act_len=np.array([len(r) for r in acts], dtype=np.int64))  # fmt: skip
 
@@ -91,16 +104,50 @@ def counts(rules: Rules) -> list[int]:
             if rules.batch % m == 0 and lo <= rules.batch // m <= hi]  # fmt: skip
 
 
-def shapes(peer: PeerSchedule, rules: Rules, stamp: Callable[[ArrayPlan], ArrayPlan] | None = None) -> list[Shape]:
-    """Every (stage count, microbatch count) the space allows and torch accepts for ``peer``;
-    ``stamp`` (:meth:`~umsearch.search.scoring.Scorer.stamp`) makes each template the plan scored."""
+def stage_counts(peer: PeerSchedule, rules: Rules) -> list[int]:
+    """Every stage count per rank ``v`` with ``R * v <= L`` that torch builds ``peer`` with (for some
+    microbatch count): the space's own counts first, then the others ascending. A user of a looped
+    schedule picks any of them, so the bar to clear does too, whatever the space lets the search use."""
+    top = rules.num_layers // rules.ranks
+    own = [v for v in rules.stages_per_rank if v <= top]
+    every = own + [v for v in spread_counts(top) if v not in own]
+    return [v for v in every if any(peer.accepts(rules.ranks, v, m) is None for m in counts(rules) or [1])]
+
+
+def spread_counts(top: int) -> list[int]:
+    """Stage counts per rank 1..``top``: all of them up to :data:`ALL_STAGE_COUNTS`, above it a
+    geometric spread (each about :data:`STAGE_COUNT_STEP` times the last) that ends at ``top`` (one
+    layer per stage where the layers divide evenly): a screen's cost grows with the sum of the counts."""
+    out = list(range(1, min(top, ALL_STAGE_COUNTS) + 1))
+    while out[-1] < top:
+        out.append(min(top, max(out[-1] + 1, int(out[-1] * STAGE_COUNT_STEP))))
+    return out
+
+
+def shapes(peer: PeerSchedule, rules: Rules, stamp: Callable[[ArrayPlan], ArrayPlan] | None = None, *,
+           stages: Sequence[int] | None = None, recompute: bool = False) -> list[Shape]:  # fmt: skip
+    """Every (stage count, microbatch count) torch accepts for ``peer``, over ``stages`` (default
+    :func:`stage_counts`), without or with full activation checkpointing; ``stamp``
+    (:meth:`~umsearch.search.scoring.Scorer.stamp`) makes each template the plan scored."""
     out = []
-    for v in rules.stages_per_rank:
+    for v in stage_counts(peer, rules) if stages is None else stages:
         for m in counts(rules):
             if peer.accepts(rules.ranks, v, m) is None:
-                t = _template(peer, rules, v, m)
-                out.append(Shape(peer=peer, v=v, microbatches=m, template=stamp(t) if stamp else t))
+                t = _template(peer, rules, v, m, recompute)
+                out.append(Shape(peer=peer, v=v, microbatches=m, recompute=recompute,
+                                 template=stamp(t) if stamp else t))  # fmt: skip
     return out
+
+
+def _checkpointed(shape: Shape, stamp: Callable[[ArrayPlan], ArrayPlan]) -> Shape:
+    """``shape`` with full activation checkpointing (only the stages' recompute flags change)."""
+    t = shape.template
+    return replace(shape, recompute=True, template=stamp(replace(t, recompute=np.ones_like(t.recompute))))
+
+
+def _label(s: Shape) -> str:
+    ac = ", full activation checkpointing" if s.recompute else ""
+    return f"{s.peer.torch_class}, {s.v} stage(s)/rank, M={s.microbatches}{ac}"
 
 
 def _partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables,
@@ -125,31 +172,62 @@ def _never() -> bool:
     return False
 
 
+def _screen(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostTables,
+            stop: Stop) -> tuple[list[Shape], np.ndarray]:  # fmt: skip
+    """Every shape scored on its balanced cuts, one stage count at a time (the space's own first;
+    past ``stop()`` no further stage count starts); a shape that does not fit is scored again with full
+    activation checkpointing, which only lowers memory."""
+    cands: list[Shape] = []
+    times: list[float] = []
+    own = set(rules.stages_per_rank)
+    for v in stage_counts(peer, rules):
+        if v not in own and stop():
+            break
+        group = shapes(peer, rules, score.stamp, stages=[v])
+        if not group:
+            continue
+        t = score.plans([_balanced(s, rules, tables) for s in group])[0]
+        cands += group
+        times += [float(x) for x in t]
+        heavy = [_checkpointed(s, score.stamp) for s, x in zip(group, t, strict=True) if not np.isfinite(x)]
+        if heavy:
+            cands += heavy
+            times += [float(x) for x in score.plans([_balanced(s, rules, tables) for s in heavy])[0]]
+    return cands, np.asarray(times, dtype=np.float64)
+
+
+def _balanced(s: Shape, rules: Rules, tables: CostTables) -> ArrayPlan:
+    return s.on(stage_cuts(tables, -(-rules.batch // s.microbatches), rules.ranks * s.v))
+
+
 def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostTables,
                   stop: Stop = _never) -> Scored | None:  # fmt: skip
-    """``peer``'s fastest plan that fits: best stage count, microbatch count and partition.
+    """``peer``'s fastest plan that fits: best stage count (:func:`stage_counts`), microbatch count,
+    full activation checkpointing or none, and partition.
 
-    Once ``stop()`` is true, partitions are no longer refined (the method says so).
+    Once ``stop()`` is true, no further stage count is screened and partitions are no longer refined
+    (the method says so).
     """
-    cands = shapes(peer, rules, score.stamp)
+    total = sum(count_cuts(rules.num_layers, rules.ranks * v) for v in stage_counts(peer, rules)
+                for m in counts(rules) if peer.accepts(rules.ranks, v, m) is None)  # fmt: skip
+    if total <= EXACT_LIMIT:
+        return _exact(peer, rules, score)
+    cands, t0 = _screen(peer, rules, score, tables, stop)
     if not cands:
         return None
-    total = sum(count_cuts(rules.num_layers, rules.ranks * s.v) for s in cands)
-    if total <= EXACT_LIMIT:
-        return _exact(peer, cands, rules, score, total)
-    first = [s.on(stage_cuts(tables, -(-rules.batch // s.microbatches), rules.ranks * s.v))
-             for s in cands]  # fmt: skip
-    t0 = score.plans(first)[0]
     best: tuple[float, Shape, Cuts, str] | None = None
     order = np.argsort(t0, kind="stable")
-    by_v: dict[int, int] = {}
+    refined: dict[tuple[int, bool], int] = {}
+    own = set(rules.stages_per_rank)
     for i in order:
         s = cands[int(i)]
         if not np.isfinite(t0[i]) and best is not None:
             break
-        if by_v.get(s.v, 0) >= REFINED_COUNTS:
+        # The space's stage counts get REFINED_COUNTS each; all other stage counts together as many.
+        key = (s.v if s.v in own else -1, s.recompute)
+        if refined.get(key, 0) >= REFINED_COUNTS:
             continue
-        by_v[s.v] = by_v.get(s.v, 0) + 1
+        refined[key] = refined.get(key, 0) + 1
         if stop() and best is not None:
             break
         cuts, t, how = _partition(s, rules, score, tables, stop)
@@ -158,24 +236,29 @@ def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostT
     if best is None:
         return None
     _, s, cuts, how = best
-    method = (f"{peer.torch_class}, {s.v} stage(s)/rank, M={s.microbatches}, {how}, for the "
-              f"{REFINED_COUNTS} fastest counts per stage count on balanced cuts")  # fmt: skip
+    method = (f"{_label(s)}, {how}, for the {REFINED_COUNTS} fastest counts per stage count on balanced cuts "
+              f"(stage counts per rank screened: {sorted({c.v for c in cands})})")  # fmt: skip
     return score.scored_plan(s.on(cuts), peer.name, method)
 
 
-def _exact(peer: PeerSchedule, cands: list[Shape], rules: Rules, score: Scorer, total: int) -> Scored | None:
+def _exact(peer: PeerSchedule, rules: Rules, score: Scorer) -> Scored | None:
+    """Every shape at every partition; full activation checkpointing where a shape fits at no partition."""
     best: tuple[float, Shape, Cuts] | None = None
-    for s in cands:
-        cuts = all_cuts(rules.num_layers, rules.ranks * s.v)
-        t = score.plans([s.on(c) for c in cuts])[0]
-        i = int(np.argmin(t))
-        if np.isfinite(t[i]) and (best is None or t[i] < best[0]):
-            best = (float(t[i]), s, cuts[i])
+    n = 0
+    for plain in shapes(peer, rules, score.stamp):
+        cuts = all_cuts(rules.num_layers, rules.ranks * plain.v)
+        for s in (plain, _checkpointed(plain, score.stamp)):
+            t = score.plans([s.on(c) for c in cuts])[0]
+            n += len(cuts)
+            i = int(np.argmin(t))
+            if np.isfinite(t[i]):
+                if best is None or t[i] < best[0]:
+                    best = (float(t[i]), s, cuts[i])
+                break
     if best is None:
         return None
     _, s, cut = best
-    method = (f"{peer.torch_class}, {s.v} stage(s)/rank, M={s.microbatches}, best of all {total} "
-              "(stage count, microbatch count, partition) choices")  # fmt: skip
+    method = f"{_label(s)}, best of all {n} (stage count, microbatch count, checkpointing, partition) choices"
     return score.scored_plan(s.on(cut), peer.name, method)
 
 

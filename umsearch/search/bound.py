@@ -21,6 +21,19 @@ fact 3 gives each range its own), so every fact stays a bound with them.
    its least work, and then (unless backwards may be split, which lets W
    overlap) its last gradient still travels back through every earlier layer;
    minimized over partitions by an exact DP.
+
+Under a memory limit (``rules.memory_limit``, docs/model.md section 5) every
+fact takes only the microbatch sizes memory allows. A backward microbatch of
+``n`` samples of a stage holding layer ``l`` peaks, on its rank, at least at
+``state_factor * param_l + stash_l * n``: its stash is resident (kept since
+its forward, or rebuilt by recomputation) when the backward (or I) starts. So
+layer ``l``'s backward list holds no size above ``nmax_l`` (:func:`max_sizes`).
+Without recomputation the forward list is the backward list; with it, the
+backward reruns the forward on the backward list, so either way every sample
+of layer ``l`` costs at least ``F + B`` at a size ``<= nmax_l``, and the stage
+with the least ``nmax`` runs at least ``ceil(B / nmax)`` backwards, each with
+its runtime overhead. With one rank, that rank holds every layer's state. With ZeRO-1 the caller's tables carry the sharded state
+factor (:meth:`~umsearch.search.factorize.Placement.bound_tables`).
 """
 
 from __future__ import annotations
@@ -68,33 +81,65 @@ def min_split(per_size: np.ndarray, batch: int) -> np.ndarray:
     return best[batch]
 
 
+def max_sizes(tables: CostTables, limit: float, whole: bool = False) -> np.ndarray:
+    """(L,) per layer, the largest backward microbatch any plan under ``limit`` bytes per device can run
+    through it (``inf`` where its stash is free, below 1 where nothing fits); slightly generous, so
+    rounding never makes it a size too small. ``whole``: one rank holds every layer's state."""
+    param, stash = np.diff(tables.param_prefix), np.diff(tables.stash_prefix)
+    if whole:
+        param = np.full_like(param, tables.param_prefix[-1])
+    # The simulator adds bytes in floating point: a stash far below the state's last bit may vanish.
+    room = limit - tables.state_factor * param + 1e-9 * abs(limit)
+    safe = np.where(stash > 0, stash, 1.0)
+    with np.errstate(over="ignore", invalid="ignore"):  # tiny stashes: any size fits
+        n = np.floor(room / safe * (1 + 1e-9))
+    return np.where(stash > 0, n, np.where(room >= 0, np.inf, 0.0))
+
+
+def _fitting(per_size: np.ndarray, nmax: np.ndarray) -> np.ndarray:
+    """``per_size`` (sizes 0.. by layer) with every size above a layer's ``nmax`` made impossible."""
+    sizes = np.arange(per_size.shape[0])[:, None]
+    return np.where((sizes <= nmax[None, :]) | (sizes == 0), per_size, np.inf)
+
+
 def lower_bound(tables: CostTables, rules: Rules) -> float:
-    """No plan of the space can finish an iteration faster than this (ms)."""
+    """No plan of the space under ``rules.memory_limit`` can finish an iteration faster than this (ms);
+    ``inf`` where no plan fits."""
     B, R = rules.batch, rules.ranks
     top = min(B, tables.b_max)  # microbatches are never larger than the largest allowed size
+    nmax = max_sizes(tables, rules.memory_limit, whole=R == 1)
+    if nmax.min() < 1:
+        return float("inf")
     fwd, bwd = _per_layer(tables, 0, top), _backward(tables, top, rules.split)
     grad = np.minimum(_per_layer(tables, 2, top), _per_layer(tables, 1, top)) if rules.split else _per_layer(tables, 1, top)
     least_f, least_g = fwd[1:].min(axis=0), grad[1:].min(axis=0)
     lat, op, msg = tables.latency_ms, tables.op_overhead_ms, tables.message_overhead_ms
     head = np.concatenate([[0.0], np.cumsum(least_f)])  # head[i]: sample 0 through layers < i
-    work = float(min_split(fwd + bwd, B).sum()) + 2 * R * op + 4 * (R - 1) * msg
+    both = _fitting(fwd + bwd, nmax)
+    # Each rank runs a forward and a backward at least; the stage with the least nmax, ceil(B / nmax) backwards.
+    actions = 2 * R + max(0, -(-B // int(min(nmax.min(), B))) - 1)
+    work = float(min_split(both, B).sum()) + actions * op + 4 * (R - 1) * msg
     fill = float(sum(head[i] + lat for i in range(1, R)))
     bounds = [(work + fill) / R]
     bounds.append(float(least_f.sum() + least_g.sum()) + 2 * R * op + 2 * (R - 1) * (lat + 2 * msg))
     if rules.stages_per_rank == (1,) and rules.num_layers <= MAX_DP_LAYERS:
-        bounds.append(_one_stage_per_rank(tables, rules, fwd + bwd, head, np.concatenate([[0.0], np.cumsum(least_g)])))
+        bounds.append(_one_stage_per_rank(tables, rules, fwd + bwd, nmax, head, np.concatenate([[0.0], np.cumsum(least_g)])))
     return max(bounds)
 
 
-def _one_stage_per_rank(tables: CostTables, rules: Rules, per_size: np.ndarray, head: np.ndarray,
+def _one_stage_per_rank(tables: CostTables, rules: Rules, per_size: np.ndarray, nmax: np.ndarray, head: np.ndarray,
                         tail: np.ndarray) -> float:  # fmt: skip
-    """Fact 3: min over partitions of the largest ``head + work + tail`` over stages (exact DP)."""
+    """Fact 3: min over partitions of the largest ``head + work + tail`` over stages (exact DP), each
+    stage's sizes no larger than its layers' least ``nmax``."""
     B, R, L = rules.batch, rules.ranks, rules.num_layers
     prefix = np.hstack([np.zeros((per_size.shape[0], 1)), np.cumsum(per_size, axis=1)])  # (B+1, L+1)
     lo, hi = np.triu_indices(L + 1, k=1)
     work = np.full((L + 1, L + 1), np.inf)
     # per_size carries the least scale; each range takes its own exact scale instead.
-    work[lo, hi] = min_split(prefix[:, hi] - prefix[:, lo], B) * tables.stage_scale(lo, hi) / tables.least_scale
+    range_max = np.array([np.minimum.accumulate(nmax[a:])[b - a - 1] for a, b in zip(lo, hi, strict=True)])
+    sizes = np.arange(per_size.shape[0])[:, None]
+    ranged = np.where(sizes <= range_max[None, :], prefix[:, hi] - prefix[:, lo], np.inf)
+    work[lo, hi] = min_split(ranged, B) * tables.stage_scale(lo, hi) / tables.least_scale
     lat, op, msg = tables.latency_ms, tables.op_overhead_ms, tables.message_overhead_ms
     best = np.full((R + 1, L + 1), np.inf)
     best[0, 0] = 0.0

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from umsearch.core.cluster import LAYOUTS, Cluster, replica_nodes
-from umsearch.core.cost import CostTables
+from umsearch.core.cost import CostTables, device_state_factor
 from umsearch.core.profile import Link
 from umsearch.sim.batch import ArrayPlan
 
@@ -70,10 +70,8 @@ def divisors(n: int) -> list[int]:
     return sorted({*small, *(n // d for d in small)})
 
 
-def state_factor(base: float, replicas: int, zero1: bool) -> float:
-    """Bytes of state per parameter byte on a device (docs/model.md 9): ``base``, or with ZeRO-1
-    ``2 + (base - 2) / D``."""
-    return 2.0 + (base - 2.0) / replicas if zero1 else base
+state_factor = device_state_factor
+"""Bytes of state per parameter byte on a device (:func:`umsearch.core.cost.device_state_factor`)."""
 
 
 def smallest_stage_bytes(mem: Memory, ranks: int, replicas: int, zero1: bool) -> float:
@@ -177,6 +175,8 @@ class Placement:
 
     def bound_tables(self, tables: CostTables) -> CostTables:
         """Cost tables under which :func:`~umsearch.search.bound.lower_bound` stays a bound: the
-        cheaper latency of the two links (all-reduces only add time)."""
+        cheaper latency of the two links (all-reduces only add time) and, where ZeRO-1 is allowed,
+        its sharded state factor (the least state a device can hold)."""
+        f = self.factorization
         lat = min(self.cluster.intra.latency_ms, self.cluster.inter.latency_ms)
-        return replace(tables, latency_ms=lat)
+        return replace(tables, latency_ms=lat, state_factor=state_factor(tables.state_factor, f.replicas, f.zero1))

@@ -14,6 +14,7 @@ becomes a valid plan.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +51,13 @@ class Rules:
     """Whether backwards may split into I and W (the space allows it and the profile has the times)."""
     recompute: bool
     """Whether a stage may recompute."""
+    memory_limit: float = math.inf
+    """Per-device memory limit (bytes): what the lower bound (:mod:`~umsearch.search.bound`) may assume."""
+    stash: tuple[float, ...] = ()
+    """Per layer, stash bytes per sample (empty: unknown), for moves that lower a stage's memory."""
+    memory_binds: bool = False
+    """Whether the limit is below GPipe's worst case on a balanced split (``1/R`` of the training state
+    and of ``B`` samples' stash per rank): only then do moves aim at memory."""
 
     @classmethod
     def of(cls, space: SearchSpace, profile: Profile) -> Rules:
@@ -71,7 +79,9 @@ class Rules:
             )
         split = space.schedule.split_backward and all(lay.has_split for lay in profile.layers)
         return cls(num_layers=L, ranks=R, batch=space.global_batch, sizes=sizes, max_count=space.microbatch.max_count,
-                   stages_per_rank=spr, placements=space.schedule.placements, split=split, recompute=space.schedule.recompute)  # fmt: skip
+                   stages_per_rank=spr, placements=space.schedule.placements, split=split, recompute=space.schedule.recompute,
+                   memory_limit=space.memory_limit, stash=tuple(float(lay.stash_bytes) for lay in profile.layers),
+                   memory_binds=_binds(space, profile))  # fmt: skip
 
     @property
     def largest(self) -> int:
@@ -110,9 +120,21 @@ class Rules:
             out = self._repaired[seq] = repair_sequence(seq, self)
         return out
 
+    def stage_stash(self, cuts: Sequence[int]) -> list[float]:
+        """Per stage ``[cuts[j], cuts[j+1])``, its stash bytes per sample (zeros when unknown)."""
+        if not self.stash:
+            return [0.0] * (len(cuts) - 1)
+        return [sum(self.stash[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+
     def placement_of(self, v: int, kind: str) -> tuple[int, ...]:
         """The rank of each of the ``R * v`` stages."""
         return placement("vshape" if v > 1 and kind == "vshape" else "loop", self.ranks, v)
+
+
+def _binds(space: SearchSpace, profile: Profile) -> bool:
+    lay = profile.layers
+    worst = (space.state_factor * sum(x.param_bytes for x in lay) + sum(x.stash_bytes for x in lay) * space.global_batch)
+    return worst / space.ranks > space.memory_limit
 
 
 @dataclass(frozen=True, kw_only=True)

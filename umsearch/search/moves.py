@@ -21,6 +21,7 @@ from umsearch.search.genome import (
     Rules,
     default_rank_caps,
     repair,
+    repair_cuts,
     shaped_sequence,
 )
 
@@ -209,6 +210,30 @@ def recompute_move(g: Genes, rules: Rules, rng: Rng) -> None:
     g.backward[s] = g.forward[s]
 
 
+def memory_move(g: Genes, rules: Rules, rng: Rng) -> None:
+    """Lower the memory of the stage whose stash peaks (its stash per sample times its largest
+    microbatch where the stash is held): recompute it, halve its microbatches where the stash is held,
+    or let it and its rank run fewer samples ahead. What a genome over the memory limit needs first."""
+    cuts = repair_cuts(g.cuts, len(g.forward), rules.num_layers)
+    stash = rules.stage_stash(cuts)
+    held = [g.backward[j] if g.recompute[j] else g.forward[j] for j in range(len(stash))]
+    peak = [s * max(h, default=0) for s, h in zip(stash, held, strict=True)]
+    j = max(range(len(peak)), key=lambda i: (peak[i], -i))
+    roll = rng.random()
+    if rules.recompute and not g.recompute[j] and roll < 0.4:
+        g.recompute[j] = True
+        g.backward[j] = g.forward[j]
+        if g.fresh is not None:
+            g.fresh.add(j)
+    elif roll < 0.8:
+        halves = [h for v in held[j] for h in (v // 2, v - v // 2) if h > 0]
+        g.set_list(g.backward if g.recompute[j] else g.forward, j, halves)
+    else:
+        r = rules.placement_of(g.v, g.placement)[j] if len(g.rank_cap) == rules.ranks else 0
+        g.cap[j] = max(1, g.cap[j] // 2)
+        g.rank_cap[r] = max(1, g.rank_cap[r] // 2)
+
+
 def structure_move(g: Genes, rules: Rules, rng: Rng) -> None:
     """Another number of chunks per rank, or the other placement: new balanced-ish cuts, lists and
     knobs carried over stage by stage in proportion."""
@@ -242,6 +267,8 @@ def moves_for(rules: Rules) -> tuple[PlanMove, ...]:
         moves.append(split_move)
     if rules.recompute:
         moves.append(recompute_move)
+    if rules.memory_binds and any(rules.stash):
+        moves += [memory_move, memory_move]
     if len(rules.stages_per_rank) > 1 or len(rules.placements) > 1:
         moves.append(structure_move)
     return tuple(moves)

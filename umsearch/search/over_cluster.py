@@ -99,6 +99,7 @@ def search_cluster(space: SearchSpace, profile: Profile,
                       Placement(factorization=f, cluster=space.cluster.cluster, batch=space.global_batch),
                       start=start, deadline=deadline)  # fmt: skip
             base = run.baselines(time.perf_counter() + share)
+            run = _widened(run, base, space, profile, on_progress, f, start, deadline)
             runs.append(run)
             bases.append(base)
             run.first_pass()
@@ -116,6 +117,31 @@ def search_cluster(space: SearchSpace, profile: Profile,
             raise
         interrupted = True
     return _merge(space, profile, keep[: len(runs)], runs, bases, searched, pruned, start, interrupted)
+
+
+def peer_stage_counts(run: Run, base: dict[str, Scored | None]) -> tuple[int, ...]:
+    """Stage counts per rank of the feasible peers that the run's space leaves out (the baselines cover
+    every count torch accepts; where memory binds, the best peer often holds more chunks per rank)."""
+    R = run.rules.ranks
+    got = {b.plan.num_stages // R for n, b in base.items() if b is not None and b.plan.num_stages % R == 0}
+    return tuple(sorted(got - set(run.rules.stages_per_rank)))
+
+
+def _widened(run: Run, base: dict[str, Scored | None], space: SearchSpace, profile: Profile,
+             on_progress: Callable[[Progress], None] | None, f: Factorization, start: float,
+             deadline: float) -> Run:  # fmt: skip
+    """``run``, or where a peer found its best plan at a stage count per rank the space leaves out, a run
+    whose structures include it: the search starts from every peer's plan and may improve on it."""
+    extra = peer_stage_counts(run, base)
+    if not extra:
+        return run
+    rs = replica_space(space, f)
+    spr = tuple(sorted({*rs.schedule.stages_per_rank, *extra}))
+    wide = Run(replace(rs, schedule=replace(rs.schedule, stages_per_rank=spr)), profile, on_progress,
+               run.placement, start=start, deadline=deadline)  # fmt: skip
+    wide.best_ms, wide.cut = run.best_ms, run.cut
+    wide.score.count += run.score.count
+    return wide
 
 
 def _screened_ms(run: Run, base: dict[str, Scored | None]) -> float:

@@ -173,7 +173,7 @@ class Run:
     def __init__(self, space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None,
                  placement: Placement | None = None, start: float | None = None,
                  deadline: float | None = None) -> None:  # fmt: skip
-        self.space, self.on_progress = space, on_progress
+        self.space, self.on_progress, self.placement = space, on_progress, placement
         self.start = time.perf_counter() if start is None else start
         self.deadline = self.start + space.search.time_budget_s if deadline is None else deadline
         self.rules = Rules.of(space, profile)

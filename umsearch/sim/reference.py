@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from umsearch.core.actions import KINDS, Action, ActionRecord, F
 from umsearch.core.cluster import allreduce_ms, copies_span_nodes, ms_per_byte, replica_nodes
-from umsearch.core.cost import CostModel
+from umsearch.core.cost import CostModel, device_state_factor
 from umsearch.core.deps import Dependencies, find_deadlock
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
@@ -88,9 +88,7 @@ class ActionTiming:
 def state_factor(plan: Plan, cost: CostModel) -> float:
     """Bytes of state per parameter byte on each device: the cost model's, or with ``zero1`` its
     optimizer part sharded over the replicas, ``2 + (state_factor - 2) / D`` (docs/model.md 9)."""
-    if plan.zero1:
-        return 2.0 + (cost.state_factor - 2.0) / plan.data_parallel
-    return cost.state_factor
+    return device_state_factor(cost.state_factor, plan.data_parallel, plan.zero1)
 
 
 def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:
