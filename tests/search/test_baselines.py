@@ -179,6 +179,13 @@ def test_looped_peers_run_every_stage_count_torch_accepts() -> None:
     assert b.iteration_ms == pytest.approx(brute, rel=1e-12)
 
 
+def test_peer_stage_counts_space_keeps_the_looped_peers_to_the_spaces_own_counts() -> None:
+    """``[schedule] peer_stage_counts = "space"``: the cheaper screen a ~100-layer model may want."""
+    _, rules, _, _ = _setup(uniform_profile(8), stages_per_rank=[1, 2], peer_stage_counts="space")
+    assert stage_counts(PEER_SCHEDULES["Interleaved1F1B"], rules) == [1, 2]
+    assert stage_counts(PEER_SCHEDULES["ZBVZeroBubble"], rules) == [2]
+
+
 def _least_memory(score: Scorer, peer_name: str, rules: Rules, recompute: bool) -> float:
     out = np.inf
     for s in shapes(PEER_SCHEDULES[peer_name], rules, recompute=recompute):

@@ -110,7 +110,7 @@ def stage_counts(peer: PeerSchedule, rules: Rules) -> list[int]:
     schedule picks any of them, so the bar to clear does too, whatever the space lets the search use."""
     top = rules.num_layers // rules.ranks
     own = [v for v in rules.stages_per_rank if v <= top]
-    every = own + [v for v in spread_counts(top) if v not in own]
+    every = own + [v for v in spread_counts(top) if v not in own] if rules.all_peer_counts else own
     return [v for v in every if any(peer.accepts(rules.ranks, v, m) is None for m in counts(rules) or [1])]
 
 

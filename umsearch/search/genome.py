@@ -55,6 +55,9 @@ class Rules:
     """Per-device memory limit (bytes): what the lower bound (:mod:`~umsearch.search.bound`) may assume."""
     stash: tuple[float, ...] = ()
     """Per layer, stash bytes per sample (empty: unknown), for moves that lower a stage's memory."""
+    all_peer_counts: bool = True
+    """Whether the baselines try the looped peers at every stage count torch accepts (``[schedule]
+    peer_stage_counts = "all"``) or only at the space's own."""
     memory_binds: bool = False
     """Whether the limit is below GPipe's worst case on a balanced split (``1/R`` of the training state
     and of ``B`` samples' stash per rank): only then do moves aim at memory."""
@@ -81,7 +84,8 @@ class Rules:
         return cls(num_layers=L, ranks=R, batch=space.global_batch, sizes=sizes, max_count=space.microbatch.max_count,
                    stages_per_rank=spr, placements=space.schedule.placements, split=split, recompute=space.schedule.recompute,
                    memory_limit=space.memory_limit, stash=tuple(float(lay.stash_bytes) for lay in profile.layers),
-                   memory_binds=_binds(space, profile))  # fmt: skip
+                   memory_binds=_binds(space, profile),
+                   all_peer_counts=space.schedule.peer_stage_counts == "all")  # fmt: skip
 
     @property
     def largest(self) -> int:

@@ -89,6 +89,10 @@ class ScheduleTable:
     peers: tuple[str, ...] = field(default=tuple(PEER_SCHEDULES), metadata=option(
         "torch schedules to compare with: " + ", ".join(f"`{p}`" for p in PEER_SCHEDULES), dest="peers",
         kind="names", choices=tuple(PEER_SCHEDULES), default_doc="all six"))  # fmt: skip
+    peer_stage_counts: Literal["all", "space"] = field(default="all", metadata=option(
+        "stage counts per rank the looped peers are tried at: `all` torch accepts (the bar a user of them "
+        "meets; slow on models of ~100 layers) or only the `space`'s own `stages_per_rank`",
+        dest="peer_stage_counts", kind="choice", choices=("all", "space")))  # fmt: skip
 
     @property
     def placements(self) -> tuple[str, ...]:
