@@ -115,3 +115,18 @@ def test_a_held_tensor_counts_once_with_the_saved_views_that_share_it() -> None:
     del y
     gc.collect()
     assert tally.saved == 0
+
+
+def test_a_recomputing_stage_registers_its_kept_inputs_only_while_a_tally_counts() -> None:
+    """``held`` is how runtime/stage.py registers a recomputing stage's stash: free without a tally."""
+    from umsearch.runtime.memory_tally import held
+
+    x = torch.randn(4, 8)  # 128 bytes
+    assert held(x) is None
+    with MemoryTally([]) as tally:
+        token = held(x)
+        assert token is not None and tally.saved == 128
+        del token
+        gc.collect()
+        assert tally.saved == 0
+    assert held(x) is None  # the tally has ended

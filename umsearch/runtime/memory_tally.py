@@ -37,11 +37,24 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import torch
+
+_ACTIVE: ContextVar[MemoryTally | None] = ContextVar("umsearch_memory_tally", default=None)
+"""The tally counting in this thread (or task), if any: code that keeps tensors outside autograd registers
+them through :func:`held` without knowing whether anything counts."""
+
+
+def held(t: torch.Tensor) -> object | None:
+    """Register ``t`` with the tally counting here (:meth:`MemoryTally.hold`) until the returned token is
+    dropped; None when no tally counts."""
+    tally = _ACTIVE.get()
+    return None if tally is None else tally.hold(t)
+
 
 StorageKey = tuple[str, int]
 """``(device, data_ptr)`` of a storage: pointers of different devices may coincide."""
@@ -162,6 +175,7 @@ class MemoryTally:
         self._optimizer_start = 0
         self._optimizer_end: int | None = None
         self._hooks: Any = None
+        self._active: Any = None
         self._handles: list[Any] = []
 
     # ------------------------------------------------------------------ counting
@@ -228,10 +242,12 @@ class MemoryTally:
         self._optimizer_start = optimizer_state_bytes(self.optimizer)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
+        self._active = _ACTIVE.set(self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._hooks.__exit__(kind, exc, tb)
+        _ACTIVE.reset(self._active)
         for h in self._handles:
             h.remove()
         self._handles.clear()

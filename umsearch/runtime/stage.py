@@ -51,6 +51,7 @@ from umsearch.core.plan import Stage
 from umsearch.core.samples import all_overlaps, cumulative
 from umsearch.nn.backward import WeightWork, backward_full, backward_input, backward_weight
 from umsearch.nn.precision import LossScaler, Precision
+from umsearch.runtime.memory_tally import held
 from umsearch.runtime.messages import Piece, assemble, releases
 from umsearch.runtime.timing import LayerStamp, StampClock
 
@@ -81,6 +82,8 @@ class _Iteration:
 
     graphs: dict[int, list[_Piece]] = field(default_factory=dict)
     stash: dict[int, torch.Tensor] = field(default_factory=dict)
+    held: dict[int, object | None] = field(default_factory=dict)
+    """A recomputing stage's stashed inputs as a memory tally counts them (:func:`~umsearch.runtime.memory_tally.held`)."""
     rng: dict[int, RngState] = field(default_factory=dict)
     random: dict[int, bool] = field(default_factory=dict)
     weight: dict[int, list[tuple[int | None, WeightWork]]] = field(default_factory=dict)
@@ -238,6 +241,7 @@ class StageCompute:
         timed = self.clock is not None
         if self.stage.recompute:
             self.run.stash[k] = x.detach()
+            self.run.held[k] = held(self.run.stash[k])  # kept outside autograd: a tally counts it only so
             before = _rng_state(self.device)
             with torch.no_grad():
                 built, out = self._build(x, targets, lo, n, k, pieces=timed, recompute=False)
@@ -303,6 +307,7 @@ class StageCompute:
         replay = self._replay_state(k)
         for j in self._stash_done[k]:
             self.run.stash.pop(j, None)
+            self.run.held.pop(j, None)
             self.run.rng.pop(j, None)
         with _replaying(replay, self.device) if replay is not None else nullcontext():
             built, _ = self._build(x, self.run.targets, self.cb[k], self.stage.backward[k], k, pieces=pieces,
