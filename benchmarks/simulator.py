@@ -24,11 +24,11 @@ from typing import Any
 
 import numba
 
+from benchmarks.evaluator import random_plan as plan_of_shape
 from benchmarks.stats import environment, summary
-from umsearch.core.actions import Action
 from umsearch.core.cost import CostModel
 from umsearch.core.jsonio import write_json
-from umsearch.core.plan import Plan, Stage
+from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
 from umsearch.measure.synthetic import simnet_profile
 from umsearch.sim.batch import encode, evaluate, pack
@@ -42,25 +42,9 @@ def profile() -> Profile:
 
 
 def random_plan(rng: random.Random) -> Plan:
-    """Looped placement, per-stage random partitions, half the backwards split, a looped-BFS-like
-    order (every forward of a rank's stages, then their backwards, deepest first): deadlock-free."""
-    S = R * V
-    cuts = [0, *sorted(rng.sample(range(1, L), S - 1)), L]
-    stages = []
-    for j in range(S):
-        m = rng.randint(8, 64)
-        inner = sorted(rng.sample(range(1, B), m - 1))
-        sizes = tuple(b - a for a, b in zip([0, *inner], [*inner, B], strict=True))
-        stages.append(Stage(layers=(cuts[j], cuts[j + 1]), rank=j % R, forward=sizes, backward=sizes))
-    actions = []
-    for r in range(R):
-        mine = [j for j in range(S) if j % R == r]
-        acts = [Action(j, "F", k) for j in mine for k in range(len(stages[j].forward))]
-        for j in reversed(mine):
-            for k in range(len(stages[j].backward)):
-                acts += [Action(j, "I", k), Action(j, "W", k)] if rng.random() < 0.5 else [Action(j, "B", k)]
-        actions.append(tuple(acts))
-    return Plan(global_batch=B, ranks=R, stages=tuple(stages), actions=tuple(actions))
+    """:func:`benchmarks.evaluator.random_plan` at this benchmark's shape: R ranks x V looped stages, 8-64
+    microbatches per stage, half the backwards split (deadlock-free)."""
+    return plan_of_shape(rng, R, V, 8, 64)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
