@@ -326,8 +326,9 @@ class OutputFolder:
         old = read_manifest(self.path, self.what)  # again, under the lock: the folder may have changed meanwhile
         self._check(new, old)
         proven = {n: c for n in old.files if (c := old.content(self.path, n)) is not None}
-        commands = {n: old.command(n) for n in proven} | {n: self.command for n in new}
-        stale = sorted(n for n in proven if n not in contents and old.command(n) == self.command
+        before = {n: old.command(n) for n in proven}
+        commands = before | {n: self.command for n in new}
+        stale = sorted(n for n in proven if n not in contents and before[n] == self.command
                        and not self._is_input(self.path / n))  # fmt: skip
         self._check_writable([*new, *stale])
         kept: dict[str, tuple[Content, ...]] = {n: (c,) for n, c in proven.items()}
@@ -344,7 +345,7 @@ class OutputFolder:
             self._remove(stale, proven, swap)
         except BaseException:
             swap.undo()
-            write_manifest(self.path, kept, {n: old.command(n) for n in proven})
+            write_manifest(self.path, kept, before)
             raise
         gone = {n for n, moved in swap.done if n not in contents and moved}
         final = {n: c for n, c in kept.items() if n not in gone} | {n: (contents[n],) for n in new}
