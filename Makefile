@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench lint sweep clean
+.PHONY: install demo test test-fast test-torchtitan bench lint sweep clean
 
 install: $(STAMP)
 
@@ -27,6 +27,19 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
 
+# torchtitan's own llama3 running a plan (pip install 'umsearch[torchtitan]'). A venv of its own, so that
+# torchtitan and triton never change what `make test` runs against; `make test` skips these tests.
+TT_VENV := .venv-torchtitan
+$(TT_VENV)/.installed: setup.cfg pyproject.toml
+	$(PY) -m venv $(TT_VENV)
+	$(TT_VENV)/bin/pip install -q --upgrade pip
+	$(TT_VENV)/bin/pip install -q torch==2.13.0
+	$(TT_VENV)/bin/pip install -q -e '.[dev,torchtitan]'
+	touch $@
+
+test-torchtitan: $(TT_VENV)/.installed
+	UMSEARCH_REQUIRE_TORCHTITAN=1 $(TT_VENV)/bin/pytest -q -p no:cacheprovider tests/runtime/test_torchtitan_pipeline.py
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.simulator
 	$(BIN)/python -m benchmarks.search
@@ -46,5 +59,5 @@ results/sweep/%/plan.json: search_spaces/%.toml $(STAMP)
 	$(BIN)/umsearch search $< --out results/sweep/$* --quiet
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TT_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find umsearch -name '*.nbi' -delete -o -name '*.nbc' -delete

@@ -23,10 +23,10 @@ gloo, one thread per rank, B = :data:`BATCH`):
    iteration time; replay: busy time, leave one probe out), and both judged on
    the same held-out target, the real runs' per-rank busy times of step 2's
    plans (none of them a probe);
-4. **memory** (docs/model.md section 5): per plan and rank the predicted state
-   and peak activations against the replay's tally (SGD: state factor 2), and
-   the activation prediction with the corrections of
-   ``results/curated/memory_model_notes.md`` (:func:`corrected_activation_peak`).
+4. **memory** (docs/model.md section 5, version 2.3, on the profile's measured
+   shared boundaries, kept inputs and weight stashes): per plan and rank the
+   predicted state and peak activations (the reference simulator's
+   ``rank_peak_memory``) against the replay's tally (SGD: state factor 2).
 
 It writes ``results/bench/replay.json`` (``--quick``: ``replay_quick.json``,
 one small model, two plans, few rounds: it proves the benchmark runs, it
@@ -154,81 +154,23 @@ def sharing(spec: ModelSpec, b: int = 4) -> dict[str, Any]:
     return {"shared": shared, "input_saved": input_saved, "target": target}
 
 
-def corrected_activation_peak(plan: Plan, cost: CostModel, r: int, share: dict[str, Any], *, tally_view: bool) -> float:
-    """Section 5's peak activations of rank ``r`` with the contract changes the notes propose:
-
-    - a stage's stash counts a storage at an interior layer boundary once (``stash - shared``);
-    - a recomputing ``B``/``I`` rebuilds its graph on the kept input: the input part the first layer saves
-      is that kept input, not new bytes.
-
-    Not modelled (the notes measure them): a boundary handed on locally to the next stage on the same
-    rank (a V's turn) is one storage in both graphs, and ``I`` frees the saved tensors only its input
-    side needed.
-
-    ``tally_view`` also applies what :class:`~umsearch.runtime.memory_tally.MemoryTally` can see today:
-    recompute's kept inputs are detached (not saved tensors, not counted); stage 0's microbatches and the
-    last stage's targets are views of the whole batch, counted as the whole storage while any of their
-    graphs lives.
-    """
-    shared, ins, target = share["shared"], share["input_saved"], share["target"]
-    L, B = plan.num_layers, plan.replica_batch
-    live: dict[int, int] = {}  # stage -> graphs alive (forwards not yet released)
-    level = peak = 0.0
-    on_rank = set(plan.stages_of(r))
-
-    def stash(j: int) -> float:
-        st = plan.stages[j]
-        return cost.stash_bytes(st.lo, st.hi) - sum(shared[st.lo + 1:st.hi])
-
-    def views() -> float:
-        first = ins[0] * B if live.get(0, 0) and 0 in on_rank else 0.0
-        last = target * B if live.get(plan.num_stages - 1, 0) and plan.num_stages - 1 in on_rank else 0.0
-        return first + last if tally_view else 0.0
-
-    for a in plan.actions[r]:
-        j = a.stage
-        st = plan.stages[j]
-        n = a.size(st.forward, st.backward)
-        s = stash(j)
-        if tally_view:
-            s -= (ins[0] if st.lo == 0 else 0.0) + (target if st.hi == L else 0.0)
-        inp = 0.0 if tally_view else cost.input_bytes_of(st.lo)
-        add, release = a.memory(st.recompute, s * n, inp * n)
-        if st.recompute and a.kind in ("B", "I") and not tally_view:
-            add, release = add - ins[st.lo] * n, release - ins[st.lo] * n
-        opens = (a.kind == "F" and not st.recompute) or (st.recompute and a.kind in ("B", "I"))
-        closes = a.kind in ("B", "W") or (st.recompute and a.kind == "I")
-        if opens:
-            live[j] = live.get(j, 0) + 1
-        level += add
-        peak = max(peak, level + views())
-        level -= release
-        if closes:
-            live[j] = live.get(j, 0) - 1
-    return peak
-
-
 def memory_rows(spec: ModelSpec, profile: Profile, plan_set: dict[str, Plan]) -> list[dict[str, Any]]:
-    """Per plan and rank: predicted state and activations (SGD, factor 2) against the replay's tally."""
+    """Per plan and rank: predicted state and activations (SGD, factor 2; docs/model.md 5 as the reference
+    simulator's ``rank_peak_memory`` predicts them, hand-offs included) against the replay's tally."""
     from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.replay import predict, replay_rank
 
     cost = CostModel(profile, state_factor=2.0)
-    share = sharing(spec)
     rows = []
     for name, plan in plan_set.items():
         preds = predict(plan, cost)
         for r in range(plan.ranks):
             t = replay_rank(plan, spec_factory(spec), r, steps=1, prediction=preds[r]).tally
             p = preds[r]
-            fixed = corrected_activation_peak(plan, cost, r, share, tally_view=False)
-            seen = corrected_activation_peak(plan, cost, r, share, tally_view=True)
             rows.append({"plan": name, "rank": r, "stages": list(plan.stages_of(r)),
                          "predicted_state_bytes": p.state_bytes, "tallied_state_bytes": t.state_bytes,
                          "predicted_activation_bytes": p.activation_bytes, "tallied_activation_bytes": t.saved_peak_bytes,
-                         "activation_ratio": t.saved_peak_bytes / p.activation_bytes if p.activation_bytes else None,
-                         "corrected_activation_bytes": fixed, "corrected_as_tallied_bytes": seen,
-                         "ratio_to_corrected_as_tallied": t.saved_peak_bytes / seen if seen else None})  # fmt: skip
+                         "activation_ratio": t.saved_peak_bytes / p.activation_bytes if p.activation_bytes else None})  # fmt: skip
     return rows
 
 
@@ -380,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
 def _print(name: str, sec: dict[str, Any]) -> None:
     for row in sec["memory"]:
         print(f"{name:7s} {row['plan']:16s} r{row['rank']} state {row['tallied_state_bytes']}/{row['predicted_state_bytes']:.0f} "
-              f"act tally/pred {row['activation_ratio']:.3f} tally/corrected {row['ratio_to_corrected_as_tallied']:.3f}")
+              f"act tally/pred {row['activation_ratio']:.3f}")
     for plan, b in sec["busy"].items():
         for r in b["ranks"]:
             q = r["replay_over_real"]

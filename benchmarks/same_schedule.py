@@ -97,11 +97,21 @@ def _between(launches: list[dict[str, Any]], predicted: float) -> dict[str, Any]
     return out
 
 
+def _plan(obj: dict[str, Any]) -> Any:
+    """A plan the tune document holds, read through the plan files' one gate (checked once)."""
+    import tempfile
+
+    from umsearch.core.jsonio import write_json
+    from umsearch.core.loader import load_plan_file
+
+    with tempfile.TemporaryDirectory() as folder:
+        return load_plan_file(write_json(Path(folder) / "plan.json", obj)).plan
+
+
 def measure_model(section: dict[str, Any], rounds: int, launches: int = 1) -> dict[str, Any]:
     """The three contenders of one model, measured side by side in ``launches`` separate launches (fresh
     rank processes each); see the module doc."""
     from umsearch.core.model_spec import ModelSpec
-    from umsearch.core.plan_io import plan_from_json
     from umsearch.orchestrate.contenders import Entry, machine
     from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.factory import spec_factory
@@ -112,8 +122,8 @@ def measure_model(section: dict[str, Any], rounds: int, launches: int = 1) -> di
     winner, peer = picked
     spec = ModelSpec.from_json(section["model"])
     cfg = RunConfig(warmup_steps=2, seed=SEED, launch=LaunchConfig(threads=1, timeout_s=600))
-    peer_plan = plan_from_json(peer["plan"])
-    entries = [Entry(name=winner["name"], plan=plan_from_json(winner["plan"]), runtime="umsearch"),
+    peer_plan = _plan(peer["plan"])
+    entries = [Entry(name=winner["name"], plan=_plan(winner["plan"]), runtime="umsearch"),
                Entry(name=f"{peer['schedule']} on umsearch's runtime", plan=peer_plan, runtime="umsearch"),
                Entry(name=f"{peer['schedule']} on torch's runtime", plan=peer_plan, runtime="torch",
                      schedule=peer["schedule"])]  # fmt: skip

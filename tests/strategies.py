@@ -187,11 +187,13 @@ def clusters(draw: st.DrawFn) -> Cluster:
 @st.composite
 def dp_plans(draw: st.DrawFn, num_layers: int, max_replicas: int = 4, max_batch: int = 8, max_ranks: int = 4) -> Plan:
     """Random plans of docs/model.md section 9: :func:`plans` run by 1 to ``max_replicas`` replicas, with
-    or without a cluster, either layout, with or without zero1 (deadlocking ones included)."""
+    or without a cluster, either layout, with or without zero1, gradient buckets of any cap or none
+    (deadlocking ones included)."""
     import dataclasses
 
     base = draw(plans(num_layers, max_batch=max_batch, max_ranks=max_ranks))
     D = draw(st.integers(1, max_replicas))
     return dataclasses.replace(base, global_batch=base.global_batch * D, data_parallel=D,
                                cluster=draw(st.none() | clusters()), layout=draw(st.sampled_from(LAYOUTS)),
-                               zero1=draw(st.booleans()))  # fmt: skip
+                               zero1=draw(st.booleans()),
+                               bucket_mib=draw(st.none() | st.sampled_from([25.0]) | st.floats(1 / 64, 32)))  # fmt: skip

@@ -9,8 +9,10 @@ The public API, following the data flow (names are imported on first use, so
     print(simulate(result.best.plan, CostModel(load_profile(space.profile))).iteration_ms)
 
 - profile and plan: :class:`Profile`, :func:`load_profile`, :class:`Plan`,
-  :class:`Stage`, :class:`Action`, :func:`load_plan`, :func:`save_plan`,
-  :func:`validate_plan`, :func:`load_plan_file` (a plan with its profile and model);
+  :class:`Stage`, :class:`Action`, :func:`save_plan`; a plan file is read
+  through one gate, :func:`load_plan_file` (checked once, with its profile and
+  model: ``load_plan_file(path).plan``), and a plan built in code checked with
+  :func:`validate_plan`;
 - cost and simulation: :class:`CostModel`, :func:`simulate`;
 - schedules: :data:`PEER_SCHEDULES` (torch's orders as action lists), :func:`warmup_rule`;
 - search: :class:`SearchSpace`, :func:`load_space`, :func:`run_search`;
@@ -26,8 +28,7 @@ __version__ = "0.2.0"
 
 _EXPORTS = {
     "Profile": "core.profile", "load_profile": "core.profile", "save_profile": "core.profile",
-    "Plan": "core.plan", "Stage": "core.plan", "PlanDocument": "core.plan_io", "load_plan": "core.plan_io",
-    "save_plan": "core.plan_io", "validate_plan": "core.plan_rules",
+    "Plan": "core.plan", "Stage": "core.plan", "PlanDocument": "core.plan_io", "save_plan": "core.plan_io", "validate_plan": "core.plan_rules",
     "Action": "core.actions", "load_plan_file": "core.loader",
     "CostModel": "core.cost", "simulate": "sim.reference",
     "PEER_SCHEDULES": "core.schedules", "warmup_rule": "core.schedules",

@@ -1,12 +1,20 @@
 """Every action rule lives in :mod:`umsearch.core.actions`, and the rules agree with each other.
 
-The package compares no action kind with a kind letter outside ``core/actions.py``: a pass asks an
+The package writes no action rule with kind letters outside ``core/actions.py``: a pass asks an
 action (``a.is_forward``, ``a.sends_gradient``, ``a.ends_backward``, ``a.consumer(S)``, ...) or, in
-compiled code, indexes its tables by kind code. The check reads the source (AST): a comparison
-(``==``, ``!=``, ``in``, ``not in``) between a kind (a name ``kind`` or an attribute ``.kind``) and a
-kind letter (``"F"``, ``"B"``, ``"I"``, ``"W"``, alone or in a tuple, list or set of them). A letter
-compared with anything else (``unit == "B"`` bytes) or a kind with another word
-(``kind == "switch"``) is no action rule.
+compiled code, indexes its tables by kind code. The check reads the source (AST) and finds:
+
+- a comparison (``==``, ``!=``, ``in``, ``not in``) between a kind (a name ``kind`` or an attribute
+  ``.kind``) and a kind letter (``"F"``, ``"B"``, ``"I"``, ``"W"``, alone or in a tuple, list or set of
+  them), directly or through a name assigned one;
+- a choice between kind letters (``"I" if split else "B"``): which kind does what is a rule;
+- a kind letter given to a kind (``kind = "B"``, ``kind: Kind = "W"``, ``first_kind = F``);
+- a set of kinds written out (a tuple, list or set of two or more kind letters and nothing else, such
+  as ``("F", "B", "I", "W")`` or ``{"B", "I"}``): which kinds belong together is a rule.
+
+A letter compared with anything else (``unit == "B"`` bytes), a kind with another word
+(``kind == "switch"``), a letter among other words (a table's column names) or a letter keying a
+table of names is no action rule.
 """
 
 from __future__ import annotations
@@ -95,6 +103,59 @@ def letter_comparisons(source: str) -> list[int]:
     return lines
 
 
+def _letter_set(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Tuple | ast.List | ast.Set) and len(node.elts) >= 2
+            and all(_is_letter(e, set()) for e in node.elts))  # fmt: skip
+
+
+def _is_kind_target(node: ast.expr, annotation: ast.expr | None = None) -> bool:
+    return _is_kind(node) or (isinstance(annotation, ast.Name) and annotation.id == "Kind")
+
+
+def letter_rules(source: str) -> list[int]:
+    """Lines in ``source`` that write an action rule with kind letters (see the module docstring)."""
+    tree = ast.parse(source)
+    names = _letters(tree)
+    lines = set(letter_comparisons(source))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.IfExp) and _is_letter(node.body, names) and _is_letter(node.orelse, names):
+            lines.add(node.lineno)
+        elif isinstance(node, ast.Assign) and _is_letter(node.value, names) and any(map(_is_kind_target, node.targets)):
+            lines.add(node.lineno)
+        elif (isinstance(node, ast.AnnAssign) and node.value is not None and _is_letter(node.value, names)
+              and _is_kind_target(node.target, node.annotation)):  # fmt: skip
+            lines.add(node.lineno)
+        elif _letter_set(node):  # type: ignore[arg-type]
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ('k = "I" if split else "B"', True),
+        ('kind: Kind = "I" if split else "B"', True),
+        ('name = f"{sender}{\'B\' if gradient else \'F\'}{mb}"', True),
+        ('kind = "W"', True),
+        ('kind: Kind = "B"', True),
+        ('first: Kind = "F"', True),
+        ('self.kind = "F"', True),
+        ('next_kind = I', True),
+        ('for k in ("F", "B", "I", "W"): pass', True),
+        ('GRADIENT = {"B", "I"}', True),
+        ('ok = "B" in ["B", "I"]', True),
+        ('unit = "B" if small else "KiB"', False),  # bytes
+        ('cols = ("pool", "F", "B", "I", "W")', False),  # column names
+        ('names = {"F": "forward", "B": "backward"}', False),  # a table of names keyed by kind
+        ('x = "F"', False),
+        ('kind = other.kind', False),
+        ('one = ("F",)', False),
+    ],
+)
+def test_the_check_finds_kind_letter_rules(source: str, flagged: bool) -> None:
+    assert bool(letter_rules(source)) == flagged
+
+
 @pytest.mark.parametrize(
     ("source", "flagged"),
     [
@@ -122,9 +183,9 @@ def test_the_check_finds_kind_letter_comparisons(source: str, flagged: bool) -> 
     assert bool(letter_comparisons(source)) == flagged
 
 
-def test_no_kind_letter_comparisons_outside_actions() -> None:
+def test_no_kind_letter_rules_outside_actions() -> None:
     found = [f"{path.relative_to(ROOT.parent)}:{line}" for path in sorted(ROOT.rglob("*.py")) if path != RULES
-             for line in letter_comparisons(path.read_text())]  # fmt: skip
+             for line in letter_rules(path.read_text())]  # fmt: skip
     assert not found, (
         "an action rule is written outside umsearch/core/actions.py (ask the action, e.g. a.is_forward, "
         f"a.sends_gradient, a.ends_backward, a.consumer(S), or index its tables by kind code): {found}"

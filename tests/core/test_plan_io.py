@@ -1,5 +1,6 @@
 """Plan files: a plan too large for any command is refused from the raw JSON's list lengths, before
-any stage or action is built, in one line naming the count, the limit and the fix."""
+any stage or action is built, in one line naming the count, the limit and the fix (the gate's parse,
+:func:`umsearch.core.plan_io._parse_document`, is what refuses them)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tests.contract import EXAMPLE3
 from umsearch.core import plan_io
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import MAX_ACTIONS, MAX_MICROBATCHES, MAX_PLAN_STAGES, MAX_RANKS
-from umsearch.core.plan_io import document_from_json
+from umsearch.core.plan_io import _parse_document
 from umsearch.core.plan_rules import validate_plan
 from umsearch.search.space import MAX_RANKS as SPACE_MAX_RANKS
 from umsearch.search.space import options
@@ -39,7 +40,7 @@ def nothing_built(monkeypatch: pytest.MonkeyPatch, no_action_parsed: None) -> No
 
 def _refused(obj: dict[str, Any], num_layers: int | None = None) -> str:
     with pytest.raises(PlanError) as info:
-        document_from_json(obj, num_layers)
+        _parse_document(obj, num_layers)
     message = str(info.value)
     assert "\n" not in message
     return message

@@ -101,18 +101,22 @@ def _with_layer_fields(**fields: float) -> dict[str, Any]:
 
 
 def test_the_measured_sharing_fields_round_trip_and_older_profiles_read_as_before() -> None:
-    profile = profile_from_json(_with_layer_fields(boundary_shared_bytes=4.0, input_saved_bytes=6.0))
+    profile = profile_from_json(_with_layer_fields(boundary_shared_bytes=4.0, input_saved_bytes=6.0,
+                                                   weight_stash_bytes=7.0))  # fmt: skip
     assert [lay.boundary_shared_bytes for lay in profile.layers] == [0.0, 4.0, 4.0, 4.0]
     assert [lay.input_saved_bytes for lay in profile.layers] == [6.0] * 4
+    assert [lay.weight_stash_bytes for lay in profile.layers] == [7.0] * 4
     assert profile_from_json(profile.to_json()) == profile
     older = profile_from_json(unit_profile(4).to_json())
-    assert all(lay.boundary_shared_bytes == 0.0 and lay.input_saved_bytes is None for lay in older.layers)
-    assert "boundary_shared_bytes" not in older.to_json()["layers"][1]
+    assert all(lay.boundary_shared_bytes == 0.0 and lay.input_saved_bytes is None and lay.weight_stash_bytes is None
+               for lay in older.layers)  # fmt: skip
+    assert not {"boundary_shared_bytes", "weight_stash_bytes"} & set(older.to_json()["layers"][1])
 
 
 @pytest.mark.parametrize(("fields", "match"), [
     ({"boundary_shared_bytes": 11.0}, r"layers\[1\].boundary_shared_bytes = 11 is more than the layer's stash_bytes 10"),
     ({"input_saved_bytes": -1.0}, r"input_saved_bytes"),
+    ({"weight_stash_bytes": 10.5}, r"layers\[0\].weight_stash_bytes = 10.5 is more than the layer's stash_bytes 10"),
 ])  # fmt: skip
 def test_sharing_fields_beyond_the_stash_are_refused_in_one_line(fields: dict[str, float], match: str) -> None:
     with pytest.raises(ProfileError, match=match):

@@ -1,4 +1,5 @@
-"""What a layer saves that its neighbour saves too (issue 38 decisions 1 and 2), measured by storage."""
+"""What a layer saves that its neighbour saves too, of its input, and past its ``I`` (issue 38 decisions 1-3),
+measured by storage."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import torch
 
 from umsearch.core.model_spec import ModelSpec
 from umsearch.measure.profiler import run_chain
-from umsearch.measure.stash import input_saved_bytes, saved_storages, shared_bytes
+from umsearch.measure.stash import (
+    input_saved_bytes,
+    saved_storages,
+    shared_bytes,
+    weight_saved_bytes,
+)
 from umsearch.nn.models import build_model
 
 
@@ -32,3 +38,25 @@ def test_the_chain_pass_measures_the_mlp_s_shared_boundaries_and_none_in_the_gpt
     # A block ends in a residual add (saves nothing) and starts with a LayerNorm's own saves: none shared,
     # and no freed storage whose address came back counts.
     assert gpt.boundary_shared_bytes == (0.0,) * 4
+
+
+def test_what_i_leaves_for_w_by_hand() -> None:
+    """Linear+Tanh on 4 x 8 float32: the Linear saves its input (128 B, which W needs), Tanh its output (128 B,
+    which only I needs): after I the graph holds the input alone. With an input that needs no gradient, I
+    does nothing and everything stays for W."""
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    x = torch.randn(4, 8)
+    assert weight_saved_bytes(layer, x.requires_grad_(True)) == 128
+    assert weight_saved_bytes(layer, torch.randn(4, 8)) == 256
+    # With a loss on top (the last layer): the loss's own saves are freed by I as well.
+    target = torch.randint(0, 8, (4,))
+    assert weight_saved_bytes(layer, x, lambda o: torch.nn.functional.cross_entropy(o, target)) == 128
+
+
+def test_the_chain_pass_measures_what_each_mlp_layer_keeps_for_w() -> None:
+    mlp = run_chain(build_model(ModelSpec(source="mlp", args={"layers": 4, "width": 64})), [1, 2], torch.device("cpu"))
+    # Inner layers keep their Linear's input (256 B per sample) and free their Tanh's output; the first
+    # layer's input needs no gradient, so it frees nothing.
+    assert mlp.weight_stash_bytes[0] == mlp.stash_bytes[0]
+    assert mlp.weight_stash_bytes[1:4] == (256.0,) * 3 and mlp.stash_bytes[1:4] == (512.0,) * 3

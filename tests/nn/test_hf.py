@@ -2,7 +2,8 @@
 
 The split computes what the whole model computes (logits equal to the model's own forward), stays causal,
 keeps a sliding window, and refuses a model of another shape in one line naming what is missing. The
-2-process tests run each family's plan through PlanSchedule to single-process gradients.
+2-process tests run each family's plan through PlanSchedule to single-process gradients, tied
+embeddings kept tied (tests/runtime/test_tied.py holds the tie to one process in depth).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from tests.runtime.helpers import plan_of  # noqa: E402
 from umsearch.core.errors import ModelSpecError  # noqa: E402
 from umsearch.core.model_spec import ModelSpec  # noqa: E402
 from umsearch.core.plan import Plan  # noqa: E402
-from umsearch.core.plan_io import plan_from_json  # noqa: E402
 from umsearch.nn.hf import _config, _split  # noqa: E402
 from umsearch.nn.models import build_model  # noqa: E402
 from umsearch.nn.spec import BuiltModel  # noqa: E402
+from umsearch.nn.tied import tied_layers  # noqa: E402
 
 TINY = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 97, "seq": 12}  # fmt: skip
@@ -80,7 +81,7 @@ def test_a_sliding_window_shorter_than_the_sequence_is_kept() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_build_model_takes_hf_specs_from_files_and_says_when_it_unties(name: str) -> None:
+def test_build_model_takes_hf_specs_from_files_and_keeps_ties(name: str) -> None:
     spec = ModelSpec.from_json({"source": f"hf:{name}", "args": FAMILIES[name]}, "the plan's model")
     assert spec.trusted and spec.is_hf  # transformers' own classes: no code of the file's choosing
     built = build_model(spec, seed=3)
@@ -88,7 +89,10 @@ def test_build_model_takes_hf_specs_from_files_and_says_when_it_unties(name: str
     for a, b in zip(built.layers, again.layers, strict=True):
         for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
             assert torch.equal(p, q), n  # the seed fixes the weights
-    assert bool(built.notes) == (name in TIED)
+    assert not built.notes
+    shared = {id(p) for p in built.layers[0].parameters()} & {id(p) for p in built.layers[-1].parameters()}
+    assert bool(shared) == (name in TIED)  # embeddings and head hold one parameter, marked with both layers
+    assert [tied_layers(p) for p in built.layers[-1].parameters() if id(p) in shared] == [(0, 3)] * len(shared)
     x, y = built.make_batch(4, torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (4, 12) and torch.equal(x[:, 1:], y[:, :-1])
 
@@ -125,7 +129,8 @@ def test_config_aliases_are_fields_too() -> None:
 def test_a_local_folder_with_a_config_is_a_model(tmp_path: Path) -> None:
     from transformers import LlamaConfig
 
-    LlamaConfig(**{k: v for k, v in TINY.items() if k != "seq"}).save_pretrained(tmp_path)
+    fields: dict[str, Any] = {k: v for k, v in TINY.items() if k != "seq"}
+    LlamaConfig(**fields).save_pretrained(tmp_path)
     built = build_model(ModelSpec(source=f"hf:{tmp_path}", args={"seq": 5}), seed=0)
     assert len(built.layers) == 4 and _forward(built, built.make_batch(2, torch.Generator())[0]).shape == (2, 5, 97)
 
@@ -139,14 +144,13 @@ def _built64(name: str) -> BuiltModel:
     return BuiltModel([m.double() for m in built.layers], built.names, built.make_batch, built.loss)
 
 
-def hf_schedule_worker(rank: int, world: int, name: str, plan_json: dict[str, Any]) -> dict[str, torch.Tensor]:
+def hf_schedule_worker(rank: int, world: int, name: str, plan: Plan) -> dict[str, torch.Tensor]:
     """Launch target: this rank's gradients of one PlanSchedule step of the family's model."""
     from torch.distributed.pipelining import PipelineStage
 
     from umsearch.pipelining import PlanSchedule
     from umsearch.runtime.factory import stage_module
 
-    plan = plan_from_json(plan_json)
     model = _built64(name)
     mine = plan.stages_of(rank)
     mods = [stage_module(model, plan.stages[j].lo, plan.stages[j].hi) for j in mine]
@@ -154,7 +158,8 @@ def hf_schedule_worker(rank: int, world: int, name: str, plan_json: dict[str, An
     x, y = model.make_batch(plan.global_batch, torch.Generator().manual_seed(HF_SEED))
     sched = PlanSchedule(stages, plan, model.loss)
     sched.step(*((x,) if 0 in mine else ()), target=y if plan.num_stages - 1 in mine else None)
-    return {n: p.grad.clone() for m in mods for n, p in m.named_parameters() if p.grad is not None}
+    return {n: p.grad.clone() for m in mods for n, p in m.named_parameters(remove_duplicate=False)
+            if p.grad is not None}  # fmt: skip
 
 
 def _plan() -> Plan:
@@ -169,13 +174,13 @@ def test_a_plan_through_plan_schedule_gives_single_process_gradients(name: str) 
     from umsearch.runtime.launch import launch
 
     plan = _plan()
-    per_rank = launch(hf_schedule_worker, 2, (name, plan.to_json()), LaunchConfig(timeout_s=120))
+    per_rank = launch(hf_schedule_worker, 2, (name, plan), LaunchConfig(timeout_s=120))
     got = {k: v for r in per_rank for k, v in r.items()}
     model = _built64(name)
     net = torch.nn.Sequential(*model.layers)
     x, y = model.make_batch(plan.global_batch, torch.Generator().manual_seed(HF_SEED))
     model.loss(net(x), y).backward()
-    want = {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+    want = {n: p.grad for n, p in net.named_parameters(remove_duplicate=False) if p.grad is not None}
     assert sorted(got) == sorted(want)
     for n in want:
         # Gemma's RMSNorm computes in float32 whatever the model's dtype: there, batch splits show at 1e-7.
@@ -196,7 +201,7 @@ def test_profile_and_search_an_hf_model_on_two_ranks(name: str, tmp_path: Path,
     code, _, err = run_cli(capsys, "profile", f"hf:{name}", *args, "--sizes", "1,2", "--repeats", "2",
                            "--link-latency-ms", "0.1", "--link-bandwidth-gbps", "5", "--out", str(profile))  # fmt: skip
     assert code == 0, err
-    assert (name in TIED) == ("untied" in err)
+    assert "untied" not in err
     code, out, err = run_cli(capsys, "search", "--profile", str(profile), "--ranks", "2", "--batch", "8",
                              "--generations", "2", "--out", str(tmp_path / "s"), "--json")  # fmt: skip
     assert code == 0, err

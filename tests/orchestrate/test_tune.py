@@ -12,7 +12,7 @@ import pytest
 
 from tests.strategies import uniform_profile
 from umsearch.core.cost import CostModel
-from umsearch.core.plan_io import load_document
+from umsearch.core.loader import load_plan_file
 from umsearch.core.profile import Profile, RuntimeCosts, load_profile
 from umsearch.orchestrate.calibration import probe_plans
 from umsearch.orchestrate.contenders import Entry, Measured
@@ -91,7 +91,7 @@ def test_a_torch_schedule_that_measured_fastest_wins_and_is_exported(tmp_path: P
     assert doc["schema"] == "umsearch.tune/1" and doc["winner"]["runtime"] == "torch"
     assert "torch's schedule ZBVZeroBubble is as good as or better" in doc["verdict"]
     assert (tmp_path / "torchtitan.toml").is_file() and (tmp_path / "schedule.csv").is_file()
-    assert load_document(tmp_path / "plan.json").plan == PLANS["ZBVZeroBubble x8 v2"]
+    assert load_plan_file(tmp_path / "plan.json").plan == PLANS["ZBVZeroBubble x8 v2"]
 
 
 def test_the_loop_stops_when_the_rounds_are_spent_if_the_fastest_keeps_changing() -> None:
@@ -197,7 +197,7 @@ def test_the_refit_learns_the_machine_and_predicts_it_after(tmp_path: Path) -> N
     assert rt.calibration is not None and rt.calibration["held_out_mape_percent"] == pytest.approx(0, abs=1e-6)
     fill(tmp_path, result, {"seed": 0}, [lay.name for lay in PROFILE.layers])
     assert load_profile(tmp_path / "profile.json").runtime == rt
-    plan_doc = load_document(tmp_path / "plan.json")
+    plan_doc = load_plan_file(tmp_path / "plan.json").document
     assert result.winner is not None and plan_doc.plan == result.winner.candidate.plan
     assert "95% interval" in plan_doc.meta["source"] and plan_doc.meta["profile"] == "profile.json"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from umsearch.core.plan_io import load_document
+from umsearch.core.loader import load_plan_file
 
 
 def _umsearch(*args: str) -> subprocess.CompletedProcess[str]:
@@ -35,7 +35,7 @@ def test_tune_writes_the_plan_that_measured_fastest(tmp_path: Path) -> None:
     fastest = min(last, key=lambda c: c["measured_median_ms"])
     assert doc["winner"]["key"] == fastest["key"] and summary["winner"]["name"] == fastest["name"]
     assert {c["runtime"] for c in last} == {"umsearch", "torch"}
-    plan = load_document(out / "plan.json")
+    plan = load_plan_file(out / "plan.json").document
     assert plan.plan.to_json() == fastest["plan"]
     lo, hi = fastest["measured_ci95_ms"]
     assert f"[{lo:.3f}, {hi:.3f}]" in plan.meta["source"]

@@ -206,11 +206,11 @@ def run_threaded(plan: Plan, model: TinyModel, batch_seed: int, steps: int = 1,
     return grads, losses, comms
 
 
-def multi_plan_worker(rank: int, world: int, jobs: list[tuple[dict[str, Any], Any]], factory: Any) -> list[Any]:
-    """Launcher target running several (plan JSON, RunConfig) jobs in one set of processes (saves start-up)."""
+def multi_plan_worker(rank: int, world: int, jobs: list[tuple[Plan, Any]], factory: Any) -> list[Any]:
+    """Launcher target running several (checked Plan, RunConfig) jobs in one set of processes (saves start-up)."""
     from umsearch.runtime.worker import stage_worker
 
-    return [stage_worker(rank, world, pj, factory, cfg) for pj, cfg in jobs]
+    return [stage_worker(rank, world, plan, factory, cfg) for plan, cfg in jobs]
 
 
 def failing_worker(rank: int, world: int, bad_rank: int) -> int:

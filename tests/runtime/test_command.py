@@ -26,11 +26,11 @@ from umsearch.cli.run import (
     run_warnings,
     validate_command,
 )
+from umsearch.core.loader import load_plan_file
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import file_sha256, save_profile
-from umsearch.runtime.config import LaunchConfig, ModelChoice, RunConfig
-from umsearch.runtime.factory import resolve_plan
+from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.launch import RankFailure
 from umsearch.runtime.run_plan import RunResult, StepResult
 
@@ -205,7 +205,7 @@ def test_validate_needs_a_profile(tmp_path: Path) -> None:
 def test_warnings_for_untrustworthy_measurements(tmp_path: Path) -> None:
     prof = tmp_path / "prof.json"
     save_profile(uniform_profile(layers=LAYERS), prof)
-    loaded = resolve_plan(_plan(tmp_path, profile="prof.json", profile_sha256=file_sha256(prof)), ModelChoice())
+    loaded = load_plan_file(_plan(tmp_path, profile="prof.json", profile_sha256=file_sha256(prof)))
     adam = RunConfig(optimizer="adam")  # the plan's state_factor 4: Adam's
     assert run_warnings(loaded, adam, cpus=2) == []
     [sgd] = run_warnings(loaded, RunConfig(), cpus=2)

@@ -121,11 +121,17 @@ DP_PLANS = {
     for name, base in (("unequal-1f1b", PLANS["1f1b-unequal"]), ("zbv-iw", _on_layers(EXAMPLE4, 8)))
     for layout in ("dp_inner", "pp_inner")
 }
-"""A plain (unequal 1F1B) and a split I/W (ZBV, two stages per rank) plan, each in both layouts."""
+"""A plain (unequal 1F1B) and a split I/W (ZBV, two stages per rank) plan, each in both layouts (one bucket
+per stage at the default cap, sent during the last backward)."""
+DP_PLANS |= {
+    f"{name}-layer-buckets": replace(DP_PLANS[name], bucket_mib=1e-6) for name in ("unequal-1f1b-dp_inner", "zbv-iw-pp_inner")
+} | {"unequal-1f1b-whole-stages": replace(DP_PLANS["unequal-1f1b-pp_inner"], bucket_mib=None)}
+"""And bucketed sync (a cap below any layer: one bucket per layer) and version 2.2's whole stages after the
+last backward."""
 
 
 def test_data_parallel_gradients_equal_single_process_on_four_processes() -> None:
-    jobs = [(plan.to_json(), functools.partial(built_tiny_model, plan.num_layers), CFG) for plan in DP_PLANS.values()]
+    jobs = [(plan, functools.partial(built_tiny_model, plan.num_layers), CFG) for plan in DP_PLANS.values()]
     per_process = launch(many_plans, 4, (jobs,), CFG.launch)
     for i, (name, plan) in enumerate(DP_PLANS.items()):
         losses, want = reference(plan.num_layers, plan.global_batch, CFG)

@@ -93,11 +93,12 @@ def reference(layers: int, batch: int, cfg: RunConfig, steps: int = 1, lr: float
     return losses, {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
 
 
-def many_plans(rank: int, world: int, jobs: list[tuple[dict[str, Any], Any, RunConfig]]) -> list[Any]:
-    """Launch target: several plans in one set of processes (saves start-ups on a 2-core machine)."""
+def many_plans(rank: int, world: int, jobs: list[tuple[Plan, Any, RunConfig]]) -> list[Any]:
+    """Launch target: several checked plans (pickled) in one set of processes (saves start-ups on a 2-core
+    machine)."""
     from umsearch.runtime.worker import stage_worker
 
-    return [stage_worker(rank, world, pj, factory, cfg) for pj, factory, cfg in jobs]
+    return [stage_worker(rank, world, plan, factory, cfg) for plan, factory, cfg in jobs]
 
 
 def _assert_grads(got: dict[str, torch.Tensor] | None, want: dict[str, torch.Tensor]) -> None:
@@ -131,11 +132,11 @@ PLANS = {
 
 
 def test_plan2_gradients_and_sgd_equal_single_process() -> None:
-    jobs: list[tuple[dict[str, Any], Any, RunConfig]] = []
+    jobs: list[tuple[Plan, Any, RunConfig]] = []
     for plan in PLANS.values():
-        jobs.append((plan.to_json(), functools.partial(tiny_model, plan.num_layers), CFG))
+        jobs.append((plan, functools.partial(tiny_model, plan.num_layers), CFG))
     sgd_plan = PLANS["1f1b-unequal"]
-    jobs.append((sgd_plan.to_json(), functools.partial(tiny_model, 6), SGD_CFG))
+    jobs.append((sgd_plan, functools.partial(tiny_model, 6), SGD_CFG))
     per_rank = launch(many_plans, 2, (jobs,), CFG.launch)
     for i, (name, plan) in enumerate(PLANS.items()):
         result = merge([reports[i] for reports in per_rank])
@@ -262,7 +263,7 @@ def reference_bf16(layers: int, batch: int, cfg: RunConfig, autocast: bool = Tru
 
 def test_bf16_pipelined_gradients_equal_the_single_process_bf16_run() -> None:
     names = ("1f1b-unequal", "interleaved", "zbv-iw")
-    jobs = [(PLANS[n].to_json(), functools.partial(tiny_model32, PLANS[n].num_layers), BF16_CFG) for n in names]
+    jobs = [(PLANS[n], functools.partial(tiny_model32, PLANS[n].num_layers), BF16_CFG) for n in names]
     per_rank = launch(many_plans, 2, (jobs,), BF16_CFG.launch)
     for i, name in enumerate(names):
         plan = PLANS[name]

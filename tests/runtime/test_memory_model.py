@@ -1,10 +1,12 @@
-"""docs/model.md section 5 against the replay's memory tally: the state part exactly, the activations where
-the contract holds, and the known gap marked (results/curated/memory_model_notes.md)."""
+"""docs/model.md section 5 (version 2.3) against the replay's memory tally: the state part exactly, the
+activations within 2% (results/curated/memory_model_notes.md)."""
 
 from __future__ import annotations
 
 import pytest
 
+from benchmarks.memory_model import MODELS, measure
+from benchmarks.memory_model import plans as memory_plans
 from benchmarks.replay import sharing
 from tests.runtime.helpers import peer_plan
 from umsearch.core.cost import CostModel
@@ -18,10 +20,8 @@ from umsearch.runtime.replay import predict, replay_rank
 GPT = ModelSpec(source="gpt", args={"layers": 2, "width": 16, "heads": 2, "seq": 8, "vocab": 32})
 """Blocks end in a residual add (which saves nothing) and start with a LayerNorm (which saves its input):
 no storage is saved on both sides of a layer boundary, so per-layer stash_bytes add up."""
-MLP = ModelSpec(source="mlp", args={"layers": 3, "width": 64, "inputs": 8})
+MLP = ModelSpec(source="mlp", args={"layers": 4, "width": 64, "inputs": 8})
 """Linear+Tanh: Tanh saves its output, the next Linear saves the same storage as its input."""
-GAP = ("per-layer stash_bytes count a storage saved on both sides of a layer boundary (Tanh's output = the next "
-       "Linear's input) twice; a stage keeps it once: see results/curated/memory_model_notes.md")  # fmt: skip
 
 
 _PROFILES: dict[str, Profile] = {}
@@ -60,36 +60,61 @@ def test_state_is_exactly_the_state_factor_times_the_parameters(optimizer: str, 
         assert tally.optimizer_bytes == (factor - 2) * tally.param_bytes + steps
 
 
-def _activations_agree_within_5_percent(spec: ModelSpec) -> None:
-    """Every rank's tallied peak of saved activations is section 5's prediction within 5%."""
-    plan, cost = _plan(spec), CostModel(_profile(spec), state_factor=2.0)
-    preds = predict(plan, cost)
+def _activations_agree(spec: ModelSpec, plan: Plan, rel: float) -> None:
+    """Every rank's tallied peak of saved activations is section 5's prediction within ``rel``."""
+    preds = predict(plan, CostModel(_profile(spec), state_factor=2.0))
     for r in range(plan.ranks):
         tally = replay_rank(plan, spec_factory(spec), r, steps=1).tally
-        assert tally.saved_peak_bytes == pytest.approx(preds[r].activation_bytes, rel=0.05)
+        assert tally.saved_peak_bytes == pytest.approx(preds[r].activation_bytes, rel=rel), f"rank {r}"
 
 
-def test_activations_agree_within_5_percent_where_no_storage_crosses_a_layer_boundary() -> None:
-    _activations_agree_within_5_percent(GPT)
+def test_activations_agree_within_2_percent_where_no_storage_crosses_a_layer_boundary() -> None:
+    _activations_agree(GPT, _plan(GPT), 0.02)
 
 
-@pytest.mark.xfail(strict=True, reason=GAP)
-def test_activations_agree_within_5_percent_on_an_mlp() -> None:
-    _activations_agree_within_5_percent(MLP)
+def test_activations_agree_within_2_percent_on_an_mlp() -> None:
+    """Version 2.3: the Tanh output the next Linear saves counts once (it was the strict xfail of 2.2)."""
+    _activations_agree(MLP, _plan(MLP), 0.02)
 
 
-def test_the_mlp_gap_is_the_storages_counted_on_both_sides_of_a_boundary() -> None:
-    """The last stage of 1F1B holds one microbatch at its peak; its stash counted once per storage is the
-    profile's stash minus the interior boundaries' shared bytes (what the notes propose for the contract)."""
+@pytest.mark.parametrize("shape", ["ZBV", "deferredW", "recompute", "unequal", "Interleaved1F1B"])
+def test_the_mlp_agrees_to_2_percent_on_v_shapes_recompute_and_unequal_lists(shape: str) -> None:
+    """ZBV hands a boundary on within rank 1; deferred W's hold only what W needs after each I (Tanh's output is
+    freed, the Linear's input kept); recompute rebuilds on the kept input; unequal lists and loops hold
+    different microbatches at once."""
+    _activations_agree(MLP, memory_plans(_profile(MLP).num_layers, 2)[shape], 0.02)
+
+
+def test_the_profile_s_shared_boundaries_are_what_the_benchmark_measures_by_itself() -> None:
+    """The profiler's chain pass and the benchmark's independent pass (``benchmarks.replay.sharing``) find the
+    same storages saved on both sides of each boundary and the same saved inputs."""
     profile = _profile(MLP)
-    plan, cost = _plan(MLP), CostModel(profile, state_factor=2.0)
-    last = plan.stages[-1]
-    shared = sharing(MLP)["shared"]  # the benchmark's measurement of the boundaries
-    assert all(s > 0 for s in shared[1:])  # every boundary: Tanh's output is the next layer's saved input
-    n = max(last.forward)
-    stash = cost.stash_bytes(last.lo, last.hi)
-    once = stash - sum(shared[last.lo + 1:last.hi])
-    tally = replay_rank(plan, spec_factory(MLP), plan.ranks - 1, steps=1).tally
-    assert predict(plan, cost)[-1].activation_bytes == pytest.approx(stash * n)
-    assert tally.saved_peak_bytes == pytest.approx(once * n, rel=0.05)
-    assert tally.saved_peak_bytes < 0.9 * stash * n
+    share = sharing(MLP)
+    assert all(s > 0 for s in share["shared"][1:])  # every boundary: Tanh's output is the next layer's saved input
+    assert [x.boundary_shared_bytes for x in profile.layers] == pytest.approx(share["shared"])
+    assert [x.input_saved_bytes for x in profile.layers] == pytest.approx(share["input_saved"])
+
+
+TIED = {"hf:gpt2"}
+"""Models whose first and last layers share a weight."""
+KNOWN_GAP = {("hf:gpt2", 4): "ZBV rank 0 holds the embeddings and the head, 17.9 KB of activations; their saved "
+                             "position ids and loss scalars are a fixed size per microbatch, which per-sample "
+                             "stash_bytes spreads over the profiled samples: 451 B (2.6%) under the tally "
+                             "(results/curated/memory_model_notes.md)"}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_rank_of_every_plan_shape_agrees_to_2_percent(name: str, ranks: int,
+                                                           request: pytest.FixtureRequest) -> None:  # fmt: skip
+    """The issue's matrix: zoo models, GPT-2 and a Llama shape; 1F1B, GPipe, recompute, unequal, Interleaved1F1B
+    and ZBV on 2 to 4 ranks (``benchmarks.memory_model``, which writes the same rows to JSON)."""
+    if (name, ranks) in KNOWN_GAP:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_GAP[name, ranks]))
+    rows = measure(name, MODELS[name], (ranks,))["rows"]
+    off = [(r["plan"], r["rank"], round(r["ratio_v23"], 4)) for r in rows if abs(r["ratio_v23"] - 1) > 0.02]
+    assert not off
+    # GPT-2 ties its embedding and head: a rank holding both stages (a V's first rank) holds that weight once
+    # while the profile counts it in both layers (state over-predicted; see the notes).
+    assert all(r["state_exact"] for r in rows if name not in TIED or not r["first_and_last"])

@@ -21,7 +21,6 @@ from tests.runtime.helpers import peer_plan, plan_of
 from tests.runtime.test_distributed import tiny_model
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
-from umsearch.core.plan_io import plan_from_json
 from umsearch.runtime.config import LaunchConfig
 from umsearch.runtime.launch import launch
 from umsearch.runtime.plan_schedule import check_stages
@@ -70,7 +69,7 @@ def _reference(plan: Plan, sum_of: bool = False) -> tuple[float, dict[str, torch
     return full.item(), {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
 
 
-def schedule_worker(rank: int, world: int, jobs: list[tuple[dict[str, Any], str | None, bool]]) -> list[dict[str, Any]]:
+def schedule_worker(rank: int, world: int, jobs: list[tuple[Plan, str | None, bool]]) -> list[dict[str, Any]]:
     """Launch target: per job, this rank's gradients and losses under PlanSchedule (and torch's schedule)."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
@@ -79,8 +78,7 @@ def schedule_worker(rank: int, world: int, jobs: list[tuple[dict[str, Any], str 
     from umsearch.runtime.factory import stage_module
 
     out = []
-    for plan_json, torch_name, scale in jobs:
-        plan = plan_from_json(plan_json)
+    for plan, torch_name, scale in jobs:
         model = tiny_model(plan.num_layers)
         mine = plan.stages_of(rank)
         mods = [stage_module(model, plan.stages[j].lo, plan.stages[j].hi) for j in mine]
@@ -118,7 +116,7 @@ def _close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: st
 
 
 def _check(plans: dict[str, tuple[Plan, str | None]], world: int) -> None:
-    jobs = [(plan.to_json(), torch_name, True) for plan, torch_name in plans.values()]
+    jobs = [(plan, torch_name, True) for plan, torch_name in plans.values()]
     per_rank = launch(schedule_worker, world, (jobs,), LAUNCH)
     for i, (name, (plan, torch_name)) in enumerate(plans.items()):
         results = [per_rank[r][i] for r in range(world)]
@@ -153,7 +151,7 @@ def test_three_ranks_give_single_process_gradients_and_torch_schedules_run_the_s
 @pytest.mark.slow
 def test_without_scale_grads_the_gradients_are_of_the_sum_of_microbatch_losses() -> None:
     plan = TWO["unequal-1f1b"][0]
-    per_rank = launch(schedule_worker, 2, ([(plan.to_json(), None, False)],), LAUNCH)
+    per_rank = launch(schedule_worker, 2, ([(plan, None, False)],), LAUNCH)
     _, want = _reference(plan, sum_of=True)
     _close({k: v for r in per_rank for k, v in r[0]["grads"].items()}, want, "scale_grads=False")
     model = tiny_model(plan.num_layers)

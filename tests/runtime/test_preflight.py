@@ -25,6 +25,7 @@ from tests.strategies import plans, uniform_profile
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import find_deadlock
 from umsearch.core.errors import ModelSpecError, PlanError
+from umsearch.core.loader import LoadedPlan, load_plan_file
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
@@ -32,7 +33,6 @@ from umsearch.nn.spec import BuiltModel
 from umsearch.runtime.config import ModelChoice
 from umsearch.runtime.factory import (
     require_trusted,
-    resolve_plan,
     spec_factory,
     stage_module,
     user_model,
@@ -131,6 +131,11 @@ def test_stage_modules_keep_global_layer_names() -> None:
 # ---------------------------------------------------------------------------
 # Which model, under which rule
 # ---------------------------------------------------------------------------
+
+
+def resolve_plan(path: Path, choice: ModelChoice) -> LoadedPlan:
+    """The plan file through its gate with the user's model choice, as ``run``, ``replay`` and every rank pass it."""
+    return load_plan_file(path, profile=choice.profile, model=user_model(choice), trust_model_code=choice.trust_model_code)
 
 
 def _plan_file(tmp: Path, **meta: Any) -> Path:

@@ -29,7 +29,7 @@ from umsearch.core.plan import Plan
 from umsearch.core.program import lower, untag
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import StageExecutor
-from umsearch.runtime.replay import ReplaySession, replay_rank
+from umsearch.runtime.replay import replay_rank
 
 ZOO = {**ONE_STAGE_PER_RANK, **SEVERAL_STAGES_PER_RANK,
        "ZBV, 2 ranks": peer_plan("ZBVZeroBubble", 2, 2, 4, batch=12, layers=4),
@@ -145,7 +145,3 @@ def test_a_rank_given_a_checked_plan_does_not_check_it_again(checks: list[int], 
     replay_rank(TWO_RANKS, functools.partial(tiny_model, 6), 1, steps=1, cfg=RunConfig(check=check))
     assert len(checks) == 0
 
-
-def test_a_rank_given_plan_json_checks_it_once(checks: list[int]) -> None:
-    ReplaySession(1, 2, TWO_RANKS.to_json(), functools.partial(tiny_model, 6), RunConfig(check=False))
-    assert len(checks) == 1

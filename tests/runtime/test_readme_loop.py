@@ -45,8 +45,10 @@ def _batches(plan: Plan, model: object) -> list[tuple[torch.Tensor, torch.Tensor
     return [model.make_batch(plan.global_batch, torch.Generator().manual_seed(s)) for s in (1, 2)]  # type: ignore[attr-defined]
 
 
-def loop_worker(rank: int, world: int, plan_path: str) -> dict[str, torch.Tensor]:
-    """Launch target: the README's lines; this rank's parameters after them."""
+def loop_worker(rank: int, world: int, plan_path: str) -> tuple[dict[str, torch.Tensor], int]:
+    """Launch target: the README's lines; this rank's parameters after them, and how many times the lines
+    checked a plan (:func:`umsearch.core.plan_rules.validate_plan`'s real checks, not those it skips)."""
+    from umsearch.core import plan_rules
     from umsearch.runtime.factory import stage_module
 
     code = readme_block().replace('"runs/gpt2r/plan.json"', repr(plan_path))
@@ -54,12 +56,23 @@ def loop_worker(rank: int, world: int, plan_path: str) -> dict[str, torch.Tensor
     model = tiny_model(plan.num_layers)
     parts = {j: stage_module(model, st.lo, st.hi) for j, st in enumerate(plan.stages)}
     scope = {"parts": parts, "device": torch.device("cpu"), "loss_fn": model.loss, "batches": _batches(plan, model)}
-    exec(compile(code, "README.md", "exec"), scope)
-    return {n: p.detach().clone() for j in plan.stages_of(rank) for n, p in parts[j].named_parameters()}
+    checks: list[Plan] = []
+    check = plan_rules._check
+
+    def counted(plan: Plan) -> None:
+        checks.append(plan)
+        check(plan)
+
+    plan_rules._check = counted
+    try:
+        exec(compile(code, "README.md", "exec"), scope)
+    finally:
+        plan_rules._check = check
+    return {n: p.detach().clone() for j in plan.stages_of(rank) for n, p in parts[j].named_parameters()}, len(checks)
 
 
 @pytest.mark.slow
-def test_the_readme_loop_trains_like_one_process(tmp_path: Path) -> None:
+def test_the_readme_loop_trains_like_one_process_and_checks_the_plan_once(tmp_path: Path) -> None:
     plan = _plan()
     save_plan(plan, tmp_path / "plan.json")
     per_rank = launch(loop_worker, 2, (str(tmp_path / "plan.json"),), LaunchConfig(timeout_s=60))
@@ -70,7 +83,8 @@ def test_the_readme_loop_trains_like_one_process(tmp_path: Path) -> None:
         opt.zero_grad()
         model.loss(net(x), y).backward()
         opt.step()
-    got = {k: v for r in per_rank for k, v in r.items()}
+    assert [checks for _, checks in per_rank] == [1, 1]  # each process checks the plan once, loading it
+    got = {k: v for params, _ in per_rank for k, v in params.items()}
     want = dict(net.named_parameters())
     assert sorted(got) == sorted(want)
     for name, value in got.items():

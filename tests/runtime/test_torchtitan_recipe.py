@@ -26,8 +26,9 @@ from tests.contract import EXAMPLE5
 from tests.strategies import uniform_profile
 from umsearch.cli.main import cli
 from umsearch.core.actions import parse_actions
+from umsearch.core.loader import load_plan_file
 from umsearch.core.plan import Plan, placed_plan
-from umsearch.core.plan_io import load_plan, save_plan
+from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
 from umsearch.core.schedules import one_f_one_b
 from umsearch.core.torchtitan import PLAN_FILE, RECIPE_FILE, plan_schedule_recipe
@@ -149,7 +150,7 @@ def test_export_writes_the_plan_and_its_recipe_beside_the_settings(tmp_path: Pat
     assert sorted(Path(f).name for f in files) == sorted(["torchtitan.toml", PLAN_FILE, RECIPE_FILE])
     recipe = _load(tmp_path / "tt" / RECIPE_FILE)
     assert recipe.MODULE_FQNS_PER_MODEL_PART == [["l0"], ["l1"], ["l2"], ["l3"]]
-    assert load_plan(recipe.PLAN) == load_plan(tmp_path / "eq.json")
+    assert load_plan_file(recipe.PLAN).plan == load_plan_file(tmp_path / "eq.json").plan
 
 
 @pytest.mark.slow

@@ -82,6 +82,23 @@ def test_make_optimizer_shards_only_states_worth_sharding() -> None:
     assert make_optimizer("adam", 0.1, []) is None
 
 
+@pytest.mark.parametrize("zero1", [False, True])
+def test_a_weight_two_stages_of_a_rank_share_steps_once(zero1: bool) -> None:
+    """A V-shape's tied embedding and head: both stages of the rank list the one weight; one SGD step with
+    gradient g moves it by lr * g, not twice that (torch only warns about a parameter listed twice)."""
+    shared = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+    other = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    opt = make_optimizer("adam" if zero1 else "sgd", 0.5, [[shared], [other, shared]], zero1=zero1, copies=2)
+    assert opt is not None
+    if zero1:
+        assert isinstance(opt, Zero1Optimizer)
+        assert [b.params for b in opt.buckets] == [[shared], [other]]
+        return
+    shared.grad, other.grad = torch.full_like(shared, 2.0), torch.zeros_like(other)
+    opt.step()
+    assert torch.equal(shared.detach(), torch.zeros(4, dtype=torch.float64))  # 1 - 0.5 * 2, once
+
+
 @pytest.mark.parametrize("copies", [2, 3])
 def test_every_copy_stepping_its_shard_is_whole_adam(copies: int) -> None:
     """``copies`` optimizers without a group (each steps its shard alone); joining the shards after each step
@@ -137,14 +154,14 @@ def _zero1(plan: Plan, on: bool) -> Plan:
     return validate_plan(replace(plan, zero1=on))
 
 
-def sessions(rank: int, world: int, jobs: list[tuple[dict[str, Any], Any, RunConfig]]) -> list[dict[str, Any]]:
+def sessions(rank: int, world: int, jobs: list[tuple[Plan, Any, RunConfig]]) -> list[dict[str, Any]]:
     """Launch target: every job's gradients after each step, weights after the last, and state bytes."""
     from umsearch.runtime.memory_tally import optimizer_state_bytes, storage_bytes
     from umsearch.runtime.worker import RankSession
 
     out = []
-    for plan_json, factory, cfg in jobs:
-        s = RankSession(rank, world, plan_json, factory, cfg)
+    for plan, factory, cfg in jobs:
+        s = RankSession(rank, world, plan, factory, cfg)
         grads = []
         for step in range(cfg.steps):
             s.step(step)
@@ -186,7 +203,7 @@ def _close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: st
 
 @pytest.mark.slow
 def test_zero1_adam_is_gradient_and_update_exact_and_keeps_a_shard_of_the_states() -> None:
-    jobs = [(_zero1(plan, on).to_json(), functools.partial(tiny_model, plan.num_layers), ADAM)
+    jobs = [(_zero1(plan, on), functools.partial(tiny_model, plan.num_layers), ADAM)
             for plan in ZERO1_PLANS.values() for on in (True, False)]  # fmt: skip
     per_process = launch(sessions, 4, (jobs,), ADAM.launch)
     for i, (name, base) in enumerate(ZERO1_PLANS.items()):

@@ -9,7 +9,8 @@ import pytest
 
 from umsearch.core.cluster import Cluster
 from umsearch.core.errors import SearchSpaceError
-from umsearch.core.plan_io import PlanDocument, load_document, save_document
+from umsearch.core.loader import load_plan_file
+from umsearch.core.plan_io import PlanDocument, save_document
 from umsearch.core.profile import Link, load_profile
 from umsearch.search.driver import run_search
 from umsearch.search.factorize import (
@@ -196,7 +197,7 @@ def test_the_cluster_search_beats_its_peers_is_deterministic_and_round_trips(tmp
     save_document(PlanDocument(plan=plan, predicted={"iteration_ms": a.best.iteration_ms,
                                                      "peak_memory_bytes": list(a.best.peak_memory_bytes)}),
                   tmp_path / "plan.json")  # fmt: skip
-    back = load_document(tmp_path / "plan.json").plan
+    back = load_plan_file(tmp_path / "plan.json").plan
     assert (back.data_parallel, back.cluster, back.layout, back.zero1) == (plan.data_parallel, plan.cluster,
                                                                            plan.layout, plan.zero1)  # fmt: skip
     assert back == plan

@@ -16,6 +16,7 @@ from umsearch.search.driver import run_search
 from umsearch.search.exhaustive import compositions, exhaustive_optimum
 from umsearch.search.genome import Rules
 from umsearch.search.space import build_space
+from umsearch.sim.reference import simulate
 
 
 def test_compositions() -> None:
@@ -49,3 +50,26 @@ def test_search_finds_the_exact_optimum(tmp_path: Path, make, seed) -> None:  # 
     exact = exhaustive_optimum(cost, Rules.of(space, profile), space.memory_limit, max_parts=2,
                                incumbent=found.best.iteration_ms / 1.01)  # fmt: skip
     assert exact is None, f"exact optimum {exact[1] if exact else None} beats the search's {found.best.iteration_ms}"
+
+
+@pytest.mark.parametrize("weight_stash", [None, 3.0])
+def test_the_memory_limit_is_the_models(weight_stash: float | None) -> None:
+    """docs/model.md 5 (version 2.3): a V on 2 ranks whose middle stages share a rank and a forward list
+    (a boundary handed on) and whose layers share boundaries and free part of their stash at ``I``. The
+    unconstrained optimum fits its own peak, so under that limit the search finds the same time, and every
+    plan it returns fits its limit by the reference simulator."""
+    rules = Rules(num_layers=4, ranks=2, batch=2, sizes=(1, 2), max_count=2, stages_per_rank=(2,),
+                  placements=("vshape",), split=True, recompute=False)  # fmt: skip
+    base = uniform_profile(4, out_bytes=1.0)
+    cost = CostModel(replace(base, layers=tuple(
+        replace(lay, stash_bytes=30.0 if i in (1, 2) else 10.0, boundary_shared_bytes=12.0 if i else 0.0,
+                input_saved_bytes=5.0, weight_stash_bytes=weight_stash)
+        for i, lay in enumerate(base.layers))))  # fmt: skip
+    free = exhaustive_optimum(cost, rules, math.inf, max_parts=2)
+    assert free is not None
+    peak = max(simulate(free[0], cost).peak_memory_bytes or ())
+    at_peak = exhaustive_optimum(cost, rules, peak, max_parts=2)
+    assert at_peak is not None and at_peak[1] == pytest.approx(free[1])
+    for limit in (peak, peak - 1):
+        found = exhaustive_optimum(cost, rules, limit, max_parts=2)
+        assert found is not None and max(simulate(found[0], cost).peak_memory_bytes or ()) <= limit

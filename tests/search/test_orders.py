@@ -6,6 +6,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,29 +14,81 @@ from tests.search.helpers import assert_plan_obeys, genomes, rules_st
 from tests.strategies import profiles, uniform_profile
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import equal_split
+from umsearch.core.profile import Profile
 from umsearch.core.schedules import one_f_one_b
-from umsearch.search.genome import Rules, genome_of
+from umsearch.search.genome import Genome, Rules, genome_of
 from umsearch.search.orders import generate, pack_genomes
-from umsearch.sim.batch import decode, evaluate, pack
+from umsearch.sim.batch import decode, evaluate, pack, stage_memory
 from umsearch.sim.reference import simulate
+
+
+@st.composite
+def memory_profiles(draw: st.DrawFn, num_layers: int) -> Profile:
+    """:func:`tests.strategies.profiles` of ``num_layers`` layers, with or without docs/model.md 5's version 2.3
+    fields (each layer's drawn or left out)."""
+    base = draw(profiles(min_layers=num_layers, max_layers=num_layers, split=True))
+    if draw(st.booleans()):
+        return base
+    share = st.none() | st.floats(0, 1)  # None: the field left out
+    layers = []
+    for i, x in enumerate(base.layers):
+        shared, kept, weight = draw(share), draw(share), draw(share)
+        layers.append(replace(
+            x, boundary_shared_bytes=shared * x.stash_bytes if i and shared is not None else 0.0,
+            input_saved_bytes=None if kept is None else kept * x.stash_bytes,
+            weight_stash_bytes=None if weight is None else weight * x.stash_bytes))  # fmt: skip
+    return replace(base, layers=tuple(layers))
+
+
+@st.composite
+def handing_genomes(draw: st.DrawFn, rules: Rules) -> Genome:
+    """:func:`tests.search.helpers.genomes`, where a stage that does not recompute often takes the forward
+    list of the stage before: on a shared rank (a V's turn, one rank) it is then handed that stage's output."""
+    g = draw(genomes(rules))
+    fwd, bwd = list(g.forward), list(g.backward)
+    for j in range(1, len(fwd)):
+        if not g.recompute[j] and draw(st.booleans()):
+            fwd[j] = bwd[j] = fwd[j - 1]
+    return replace(g, forward=tuple(fwd), backward=tuple(bwd))
 
 
 @settings(max_examples=250, deadline=None)
 @given(rules_st(max_layers=8, max_batch=12), st.data())
 def test_generated_lists_are_valid_and_timed_exactly(rules: Rules, data: st.DataObject) -> None:
-    profile = data.draw(profiles(min_layers=rules.num_layers, max_layers=rules.num_layers, split=True))
-    population = data.draw(st.lists(genomes(rules), min_size=1, max_size=4))
+    profile = data.draw(memory_profiles(rules.num_layers))
+    population = data.draw(st.lists(handing_genomes(rules), min_size=1, max_size=4))
     tables = CostModel(profile).tables(rules.largest)
     limit = data.draw(st.sampled_from([math.inf, 1e4, 1e7]))
-    gen = generate(pack_genomes(population, rules), tables, limit)
+    packed = pack_genomes(population, rules)
+    gen = generate(packed, tables, limit)
     plans = [gen.array_plan(g, rules, c) for c, g in enumerate(population)]
     ev = evaluate(pack(plans), tables)
     assert not ev.deadlock.any()
     np.testing.assert_allclose(ev.iteration_ms, gen.iteration_ms, rtol=1e-9)
     np.testing.assert_allclose(ev.peak_memory_bytes, gen.peak_memory_bytes, rtol=1e-9)
     np.testing.assert_allclose(ev.busy_ms, gen.busy_ms, rtol=1e-9)
+    np.testing.assert_array_equal(stage_memory(packed, tables), stage_memory(pack(plans), tables))
     for ap in plans:
         assert_plan_obeys(decode(ap), rules)
+
+
+@pytest.mark.parametrize(("second", "held"), [((1, 1), 10 + 6), ((2,), 10 + 10)])
+def test_a_boundary_handed_on_is_counted_once(second: tuple[int, ...], held: int) -> None:
+    """docs/model.md 5 (version 2.3): one rank, two stages; the second layer saves 4 of the 10 bytes per
+    sample the first one saved. Forwards first, both samples in flight. With one forward list the first
+    stage hands its output on and the storage is counted once (10 + 6 per sample); with another list the
+    second stage's input is a new storage (10 + 10), as the reference simulator counts."""
+    M = 2
+    rules = Rules(num_layers=2, ranks=1, batch=M, sizes=(1, 2), max_count=M, stages_per_rank=(2,),
+                  placements=("loop",), split=False, recompute=False)  # fmt: skip
+    g = genome_of(rules, 2, "loop", (0, 1, 2), [(1, 1), second])
+    g = replace(g, rank_cap=(2 * M,), policy=(3,))
+    base = uniform_profile(2)
+    profile = replace(base, layers=(base.layers[0], replace(base.layers[1], boundary_shared_bytes=4.0)))
+    cost = CostModel(profile)
+    gen = generate(pack_genomes([g], rules), cost.tables(M), math.inf)
+    assert gen.peak_memory_bytes[0] == 4 * 200 + M * held
+    assert simulate(decode(gen.array_plan(g, rules, 0)), cost).peak_memory_bytes == (gen.peak_memory_bytes[0],)
 
 
 def test_one_stage_per_rank_with_1f1b_caps_is_1f1b() -> None:

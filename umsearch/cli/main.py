@@ -64,15 +64,6 @@ def cli() -> None:
     """
 
 
-def _load(plan_path: str, profile: str | None, state_factor: float | None) -> Any:
-    """The plan file with its profile (required: these commands cost the plan) and state factor; a plan that
-    deadlocks is taken (these commands show where it is stuck)."""
-    from umsearch.core.loader import load_plan_file
-
-    return load_plan_file(plan_path, profile=profile, state_factor=state_factor, require_profile=True,
-                          allow_deadlock=True)  # fmt: skip
-
-
 _plan_arg = click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
 
 
@@ -89,9 +80,12 @@ def _stage_busy(res: Any, stages: int) -> list[float]:
 def simulate_command(plan_path: str, profile: str | None, state_factor: float | None, as_json: bool) -> None:
     """Predict iteration time and per-rank memory of PLAN.json."""
     from umsearch.cli.tables import plan_tables
+    from umsearch.core.loader import load_plan_file
     from umsearch.sim.reference import simulate
 
-    loaded = _load(plan_path, profile, state_factor)
+    # A plan that deadlocks is taken: the command shows where it is stuck.
+    loaded = load_plan_file(plan_path, profile=profile, state_factor=state_factor, require_profile=True,
+                            allow_deadlock=True)  # fmt: skip
     plan = loaded.plan
     res = simulate(plan, loaded.cost())
     if as_json:
@@ -105,7 +99,7 @@ def simulate_command(plan_path: str, profile: str | None, state_factor: float | 
             "bubble_fraction": res.bubble_fraction, "deadlock": res.deadlock, "blocked": list(res.blocked),
         }))  # fmt: skip
         return
-    names = [lay.name for lay in loaded.profile.layers]
+    names = [lay.name for lay in loaded.require_profile().layers]
     for table in plan_tables(plan, None if res.deadlock else res, names, console.width):
         console.print(table)
     if res.deadlock:
@@ -126,6 +120,7 @@ def show_command(
     from umsearch.cli.console import write_output
     from umsearch.cli.pictures import write_chrome_trace, write_gantt
     from umsearch.cli.tables import plan_tables
+    from umsearch.core.loader import load_plan_file
     from umsearch.core.outputs import check_output_file
     from umsearch.sim.reference import simulate
 
@@ -134,8 +129,10 @@ def show_command(
     check_output_file(gantt, "--gantt", inputs=inputs)  # before any work: a bad path is refused, a device kept
     if trace is not None:
         check_output_file(trace, "--trace", inputs=inputs)
-    loaded = _load(plan_path, profile, state_factor)
-    plan, prof = loaded.plan, loaded.profile
+    # A plan that deadlocks is taken: the command shows where it is stuck.
+    loaded = load_plan_file(plan_path, profile=profile, state_factor=state_factor, require_profile=True,
+                            allow_deadlock=True)  # fmt: skip
+    plan, prof = loaded.plan, loaded.require_profile()
     res = simulate(plan, loaded.cost())
     for table in plan_tables(plan, None if res.deadlock else res, [lay.name for lay in prof.layers],
                              console.width):  # fmt: skip

@@ -18,14 +18,16 @@ import click
 from umsearch.cli.console import console, warn
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.run import (
-    load_checked,
+    check_runnable,
     measured_on,
     one_line_errors,
     run_state_factor,
     split_values,
 )
+from umsearch.core.actions import KINDS
 from umsearch.core.cost import CostModel
 from umsearch.core.errors import RuntimeExecutionError
+from umsearch.core.loader import load_plan_file
 from umsearch.core.options import option
 from umsearch.runtime.config import FLAGS, ModelChoice
 
@@ -64,7 +66,7 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
     """Run one rank of PLAN.json alone (every message to it made up, every message from it dropped) and
     compare its measured busy time and memory with the prediction."""
     from umsearch.core.output_folder import OutputFolder
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.factory import spec_factory, user_model
     from umsearch.runtime.replay import (
         check_rank,
         check_steps,
@@ -80,7 +82,9 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
     check_steps(steps)
     where = parse_device(device)
     cfg, choice, _ = split_values(values)
-    loaded = load_checked(plan_path, choice)
+    loaded = load_plan_file(plan_path, profile=choice.profile, model=user_model(choice),
+                            trust_model_code=choice.trust_model_code)  # fmt: skip
+    check_runnable(loaded)
     plan = loaded.plan
     ranks = list(range(plan.ranks)) if all_ranks else [0 if rank is None else rank]
     for r in ranks:
@@ -137,7 +141,7 @@ def _print(doc: dict[str, Any], out: str | None) -> None:
     def size(x: float | None) -> str:
         return "-" if x is None else format_bytes(x)
 
-    kinds = [k for k in ("F", "B", "I", "W") if any(k in r["kinds"] for r in doc["ranks"])]
+    kinds = [k for k in KINDS if any(k in r["kinds"] for r in doc["ranks"])]
     title = (f"replay on {doc['device']} ({doc['precision']}), median of "
              f"{max(doc['steps'] - doc['warmup_steps'], 1)} iteration(s)")  # fmt: skip
     table = Table(title=escape(title), title_justify="left")

@@ -7,7 +7,7 @@ and the command ``--print-launch`` prints, so the three cannot disagree.
 
 Neither command lets a data file choose code: a plan's (or profile's) model
 runs only when it is a zoo model, when the user names it with ``--model``, or
-with ``--trust-model-code`` (:func:`umsearch.runtime.factory.resolve_plan`);
+with ``--trust-model-code`` (:func:`umsearch.runtime.factory.require_trusted`);
 ``--print-launch`` imports and builds nothing. Every failure is one line
 (user text escaped for rich), exit code 1; SIGTERM, SIGHUP or Ctrl-C stop every
 process of the run, remove its temporary files and exit with 128 + the signal's
@@ -36,7 +36,7 @@ from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.progress import Reporter
 from umsearch.core.errors import PlanError, RuntimeExecutionError, UmsearchError
 from umsearch.core.fields import MAX_INT
-from umsearch.core.loader import LoadedPlan
+from umsearch.core.loader import LoadedPlan, load_plan_file
 from umsearch.core.options import int_at_least, option
 from umsearch.core.plan import Plan
 from umsearch.core.profile import file_sha256
@@ -140,17 +140,15 @@ def run_warnings(loaded: LoadedPlan, cfg: RunConfig, cpus: int | None = None) ->
     return out
 
 
-def load_checked(plan_path: str, choice: ModelChoice, *, require_profile: bool = False) -> LoadedPlan:
-    """The plan with profile and model, refused (before anything starts, without running model code)
-    when its model may not run, it deadlocks or it does not fit its profile."""
-    from umsearch.runtime.factory import check_spec_size, require_trusted, resolve_plan
-    from umsearch.runtime.preflight import preflight
+def check_runnable(loaded: LoadedPlan) -> None:
+    """Say the gate's notes and refuse (before anything starts, without running model code) a loaded plan
+    whose model may not run (:func:`umsearch.runtime.factory.require_trusted`) or is too large to build; the
+    gate (:func:`umsearch.core.loader.load_plan_file`) refused a plan that deadlocks or does not fit its
+    profile."""
+    from umsearch.runtime.factory import check_spec_size, require_trusted
 
-    loaded = resolve_plan(plan_path, choice, require_profile=require_profile)
     warn(*loaded.notes)
     check_spec_size(require_trusted(loaded))  # before anything is built, --print-launch included
-    preflight(loaded.plan, None, loaded.cost() if loaded.profile is not None else None)
-    return loaded
 
 
 def measured_on(loaded: LoadedPlan, cfg: RunConfig) -> tuple[RunConfig, Any]:
@@ -384,7 +382,11 @@ def run_command(plan_path: str, **values: Any) -> None:
     for flag, path in (("--out", cfg.out), ("--trace", extra["trace"])):
         if path is not None and not extra["print_launch"]:
             check_writable(path, flag, [plan_path])
-    loaded = load_checked(plan_path, choice)
+    from umsearch.runtime.factory import user_model
+
+    loaded = load_plan_file(plan_path, profile=choice.profile, model=user_model(choice),
+                            trust_model_code=choice.trust_model_code)  # fmt: skip
+    check_runnable(loaded)
     cfg, on = measured_on(loaded, cfg)  # the ranks (and a printed launch line) get the precision explicitly
     warn(*on.warnings)
     if extra["print_launch"]:
@@ -402,7 +404,7 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
     from umsearch.runtime.preflight import check_layers, count_layers
     from umsearch.runtime.run_plan import memory_report, run_document, run_plan_file
 
-    spec = loaded.require_model()  # trusted: load_checked said so
+    spec = loaded.require_model()  # trusted: check_runnable said so
     check_layers(loaded.plan, count_layers(spec_factory(spec, cfg.seed)))
     if not force_memory:
         check_run_memory(loaded, cfg)
@@ -503,7 +505,11 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
     warned: set[str] = set()
     held_out: dict[str, float | None] = {}  # per profile: how far its predictions held on plans left out of its fit
     for path in plan_paths:
-        loaded = load_checked(path, choice, require_profile=True)
+        from umsearch.runtime.factory import user_model
+
+        loaded = load_plan_file(path, profile=choice.profile, model=user_model(choice),
+                                trust_model_code=choice.trust_model_code, require_profile=True)  # fmt: skip
+        check_runnable(loaded)
         cfg, on = measured_on(loaded, cfg)  # one precision for all plans: the first profile's, unless --dtype
         if on.device_differs:
             other_device.append(path)

@@ -68,16 +68,22 @@ that need the activations docs/model.md 5 did not stash)."""
 FOLLOWS = (-1, F, F, I)
 """By kind code: the kind code it comes after on its own rank (docs/model.md 3; -1: none): a ``B`` or
 ``I`` after the forwards holding its samples, a ``W`` after its ``I``."""
+BACKWARD_START = (B, I)
+"""By split flag (0 or 1): the kind code a stage's backward of a microbatch starts with, whole or split."""
 ALTERNATIVE = (-1, I, B, B)
 """By kind code: the kind that may not run the same backward microbatch beside it (-1: none): a
 backward runs whole (``B``) or split (``I`` then ``W``), never both."""
 MEMORY = np.array([
-    # adds (x stash, x input)  releases (x stash, x input)
-    [[1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0], [0, 0, 1, 0]],  # F B I W, no recompute
-    [[0, 1, 0, 0], [1, 0, 1, 1], [1, 0, 0, 1], [0, 0, 1, 0]],  # F B I W, recompute
+    # adds (x stash, input, kept, freed)  releases (x stash, input, kept, freed)
+    [[1, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0, 0],    # F B, no recompute
+     [0, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0, 0, -1]],  # I W
+    [[0, 1, 0, 0, 0, 0, 0, 0], [1, 0, -1, 0, 1, 1, -1, 0],  # F B, recompute
+     [1, 0, -1, 0, 0, 1, -1, 1], [0, 0, 0, 0, 1, 0, 0, -1]],  # I W
 ], dtype=np.float64)  # fmt: skip
-"""docs/model.md section 5's table: ``MEMORY[recompute, kind]`` are the coefficients of (stash, input)
-bytes of its microbatch that an action adds before the peak is taken, then of those it releases."""
+"""docs/model.md section 5's table: ``MEMORY[recompute, kind]`` are the coefficients of the bytes of its
+microbatch an action adds before the peak is taken (first four), then of those it releases (last four),
+each over its stage's (stash, input, kept input, freed by ``I``): the terms of
+:func:`umsearch.core.cost.stage_memory`, in its order."""
 
 KIND_BITS = 2
 """Bits of the kind in an action code."""
@@ -175,11 +181,23 @@ def indexed_list(kind: int, forward: Sizes, backward: Sizes) -> Sizes:
     return forward if on_forward_list(kind) else backward
 
 
-def memory_effect(kind: int, recompute: bool, stash: float, inp: float) -> tuple[float, float]:
+def hands_on(same_rank: bool, recompute: bool, next_recompute: bool, same_forward: bool) -> bool:
+    """docs/model.md 5 (version 2.3): whether a stage's saved output and the next stage's saved input are
+    one storage (the output handed on the same rank, no copy): both stages on one rank, neither
+    recomputing (a rebuilt graph saves a new output; a kept input is counted as the input), and equal
+    forward lists (each next microbatch is one whole output, not pieces put together)."""
+    return same_rank and not recompute and not next_recompute and same_forward
+
+
+def memory_effect(kind: int, recompute: bool, stash: float, inp: float, kept: float,
+                  freed: float) -> tuple[float, float]:  # fmt: skip
     """(bytes added before the peak is taken, bytes released after) by one action of kind code
-    ``kind``; ``stash`` and ``inp`` are its stage's per-sample bytes times the microbatch size."""
+    ``kind``; ``stash``, ``inp``, ``kept`` and ``freed`` are its stage's
+    :func:`~umsearch.core.cost.stage_memory` terms times the microbatch size (``kept = freed = 0``:
+    version 2.2's table)."""
     row = MEMORY[int(recompute), kind]
-    return row[0] * stash + row[1] * inp, row[2] * stash + row[3] * inp
+    add = row[0] * stash + row[1] * inp + row[2] * kept + row[3] * freed
+    return add, row[4] * stash + row[5] * inp + row[6] * kept + row[7] * freed
 
 _PATTERN = re.compile(r"\s*([0-9]+)\s*([FBIW])\s*([0-9]+)\s*", re.ASCII)  # ASCII digits only: "0F١" is no action
 
@@ -291,9 +309,10 @@ class Action(NamedTuple):
         other = _ALTERNATIVE[self.kind]
         return Action(self.stage, other, self.mb) if other is not None else None
 
-    def memory(self, recompute: bool, stash: float, inp: float) -> tuple[float, float]:
+    def memory(self, recompute: bool, stash: float, inp: float, kept: float = 0.0,
+               freed: float = 0.0) -> tuple[float, float]:  # fmt: skip
         """:func:`memory_effect` of this action."""
-        return memory_effect(KIND_CODE[self.kind], recompute, stash, inp)
+        return memory_effect(KIND_CODE[self.kind], recompute, stash, inp, kept, freed)
 
 
 _FOLLOWS: dict[str, tuple[Kind, bool] | None] = {

@@ -16,7 +16,8 @@ from umsearch.core.deps import find_deadlock
 from umsearch.core.errors import PlanError
 from umsearch.core.jsonio import read_json
 from umsearch.core.plan import Plan
-from umsearch.core.plan_io import document_from_json
+from umsearch.core.plan_io import _parse_document
+from umsearch.core.plan_rules import validate_plan
 
 BASELINES_FILE = "baselines.json"
 """The file name a search gives its baselines, beside ``plan.json``."""
@@ -38,7 +39,8 @@ class Baseline:
 def _mismatch(name: str, raw: object, plan: Plan) -> tuple[Baseline | None, str | None]:
     """The checked baseline, or None and why it does not fit ``plan``."""
     try:
-        doc = document_from_json(raw, plan.num_layers)
+        doc = _parse_document(raw, plan.num_layers)
+        validate_plan(doc.plan, plan.num_layers)
     except PlanError as exc:
         return None, f"{name}: {exc}"
     b = doc.plan

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -89,6 +90,57 @@ def _prefix(rows: FloatArray) -> FloatArray:
     return np.ascontiguousarray(np.hstack([np.zeros((rows.shape[0], 1)), np.cumsum(rows, axis=1)]))
 
 
+class _MemoryTerms(Protocol):
+    """What :func:`stage_memory` reads of a profile (:class:`CostModel` or :class:`CostTables`)."""
+
+    @property
+    def stash_prefix(self) -> FloatArray: ...
+    @property
+    def shared(self) -> FloatArray: ...
+    @property
+    def kept(self) -> FloatArray: ...
+    @property
+    def freed(self) -> FloatArray: ...
+    @property
+    def freed_prefix(self) -> FloatArray: ...
+    @property
+    def out_bytes(self) -> FloatArray: ...
+    @property
+    def input_bytes(self) -> float: ...
+
+
+MEMORY_TERMS = ("stash", "input", "kept", "freed")
+"""The per-sample quantities of a stage that docs/model.md 5's table (:data:`umsearch.core.actions.MEMORY`)
+combines, in the order of :func:`stage_memory`'s last axis."""
+
+
+def stage_memory(p: _MemoryTerms, lo: npt.ArrayLike, hi: npt.ArrayLike, recompute: npt.ArrayLike,
+                 hand_in: npt.ArrayLike, hand_out: npt.ArrayLike) -> FloatArray:  # fmt: skip
+    """docs/model.md 5 (version 2.3), per sample of stages ``[lo, hi)`` (elementwise; last axis
+    :data:`MEMORY_TERMS`):
+
+    - ``stash``: what the stage's graph keeps, ``sum stash_bytes[lo:hi] - sum_{lo<i<hi}
+      boundary_shared_bytes[i]``, less ``boundary_shared_bytes[lo]`` where ``hand_in`` (the previous stage,
+      on the same rank, handed its output over and counts that storage itself);
+    - ``input``: ``in_j``, one input sample;
+    - ``kept``: of it, what the first layer saves (``input_saved_bytes[lo]``): a recomputing stage's
+      rebuilt graph saves its kept input, not a copy;
+    - ``freed``: what ``I`` frees: its layers' ``stash_bytes - weight_stash_bytes`` (each layer's ``I``
+      runs on its own graph), less, at each interior boundary and at a boundary handed on (``hand_out``),
+      the storage the layer after still saves for its ``W`` (``boundary_shared_bytes``, at most what the
+      layer before frees); at most ``stash``.
+    """
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    rec = np.asarray(recompute, dtype=np.bool_)
+    stash = p.stash_prefix[hi] - p.stash_prefix[lo] + p.shared[lo] - np.where(hand_in, p.shared[lo], 0.0)
+    inp = np.where(lo == 0, p.input_bytes, p.out_bytes[np.maximum(lo - 1, 0)])
+    kept = np.where(rec, p.kept[lo], 0.0)
+    last = np.where(hand_out, p.freed_prefix[hi] - p.freed_prefix[hi - 1], p.freed[hi - 1])
+    freed = p.freed_prefix[hi - 1] - p.freed_prefix[lo] + last
+    out: FloatArray = np.stack(np.broadcast_arrays(stash, inp, kept, np.clip(freed, 0.0, stash)), axis=-1)
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class CostTables:
     """Dense, read-only cost tables for every size ``0..b_max``: what the compiled evaluator reads."""
@@ -102,7 +154,19 @@ class CostTables:
     out_bytes: FloatArray
     """(L,) bytes per sample of each layer's output."""
     stash_prefix: FloatArray
-    """(L+1,) prefix sums of stash bytes per sample."""
+    """(L+1,) prefix sums over layers of ``stash_bytes[i] - boundary_shared_bytes[i]`` per sample: a stage
+    ``[lo, hi)`` keeps ``stash_prefix[hi] - stash_prefix[lo] + shared[lo]`` (docs/model.md 5); per layer,
+    a lower bound of what it adds to any stage holding it."""
+    shared: FloatArray
+    """(L+1,) per layer ``boundary_shared_bytes`` per sample (0 at ``L``)."""
+    kept: FloatArray
+    """(L,) per layer ``input_saved_bytes`` per sample (0 where the profile does not say)."""
+    freed: FloatArray
+    """(L,) per layer ``stash_bytes - weight_stash_bytes`` per sample: what its ``I`` frees, run alone (0
+    where the profile does not say)."""
+    freed_prefix: FloatArray
+    """(L+1,) prefix sums of what a layer's ``I`` frees that the next layer does not save:
+    ``freed[i] - min(freed[i], boundary_shared_bytes[i+1])``."""
     param_prefix: FloatArray
     """(L+1,) prefix sums of parameter bytes."""
     input_bytes: float
@@ -121,6 +185,11 @@ class CostTables:
     """Bytes of training state per parameter byte."""
     runtime: RuntimeCosts
     """The profile's runtime terms, for :meth:`stage_scale`."""
+
+    def stage_memory(self, lo: npt.ArrayLike, hi: npt.ArrayLike, recompute: npt.ArrayLike,
+                     hand_in: npt.ArrayLike, hand_out: npt.ArrayLike) -> FloatArray:  # fmt: skip
+        """:func:`stage_memory` of this profile, elementwise over stages ``[lo, hi)``: shape (stages, 4)."""
+        return stage_memory(self, lo, hi, recompute, hand_in, hand_out)
 
     def stage_scale(self, lo: npt.ArrayLike, hi: npt.ArrayLike) -> FloatArray:
         """:func:`stage_scales` of this profile, elementwise over stages ``[lo, hi)``."""
@@ -144,7 +213,12 @@ class CostModel:
         self._raw = {q: np.array([lay_.times(q) or nan for lay_ in lay], dtype=np.float64) for q in QUANTITIES}
         self._rows: dict[tuple[str, int], FloatArray] = {}
         self.out_bytes = np.array([x.out_bytes for x in lay], dtype=np.float64)
-        self.stash_prefix = np.concatenate([[0.0], np.cumsum([x.stash_bytes for x in lay])])
+        self.shared = np.array([x.boundary_shared_bytes for x in lay] + [0.0], dtype=np.float64)
+        self.stash_prefix = np.concatenate([[0.0], np.cumsum([x.stash_bytes for x in lay] - self.shared[:-1])])
+        self.kept = np.array([x.input_saved_bytes or 0.0 for x in lay], dtype=np.float64)
+        self.freed = np.array([0.0 if x.weight_stash_bytes is None else x.stash_bytes - x.weight_stash_bytes
+                               for x in lay], dtype=np.float64)  # fmt: skip
+        self.freed_prefix = np.concatenate([[0.0], np.cumsum(self.freed - np.minimum(self.freed, self.shared[1:]))])
         self.param_prefix = np.concatenate([[0.0], np.cumsum([x.param_bytes for x in lay])])
         self.input_bytes = float(profile.input_bytes)
         self.latency_ms = float(profile.link.latency_ms)
@@ -186,8 +260,15 @@ class CostModel:
         return self.latency_ms + samples * float(self.out_bytes[boundary_layer]) * self.ms_per_byte
 
     def stash_bytes(self, lo: int, hi: int) -> float:
-        """``stash_j``: bytes per sample stashed by layers ``[lo, hi)``."""
-        return float(self.stash_prefix[hi] - self.stash_prefix[lo])
+        """``stash_j``: bytes per sample stashed by layers ``[lo, hi)``, a storage saved on both sides of an
+        interior layer boundary once (docs/model.md 5)."""
+        return float(self.stash_prefix[hi] - self.stash_prefix[lo] + self.shared[lo])
+
+    def stage_memory(self, lo: int, hi: int, recompute: bool, hand_in: bool = False,
+                     hand_out: bool = False) -> tuple[float, float, float, float]:  # fmt: skip
+        """:func:`stage_memory` of one stage ``[lo, hi)``, per sample."""
+        row = stage_memory(self, lo, hi, recompute, hand_in, hand_out)
+        return float(row[0]), float(row[1]), float(row[2]), float(row[3])
 
     def param_bytes(self, lo: int, hi: int) -> float:
         """``P_j``: parameter bytes of layers ``[lo, hi)``."""
@@ -227,6 +308,8 @@ class CostModel:
         times = np.stack([_prefix(interpolate_times(self.profile.microbatch_sizes, self._raw[q], sizes))
                           for q in QUANTITIES])  # fmt: skip
         arrays = {"times": times, "out_bytes": self.out_bytes.copy(), "stash_prefix": self.stash_prefix.copy(),
+                  "shared": self.shared.copy(), "kept": self.kept.copy(), "freed": self.freed.copy(),
+                  "freed_prefix": self.freed_prefix.copy(),
                   "param_prefix": self.param_prefix.copy()}  # fmt: skip
         for a in arrays.values():
             a.setflags(write=False)

@@ -6,7 +6,10 @@ samples; a ``B``/``I`` of stage ``j`` needs the ``B``/``I`` of stage ``j+1``
 holding its samples; a ``W`` needs its own ``I``, earlier on the same rank
 (the rules are :mod:`umsearch.core.actions`' ``NEEDS`` and ``FOLLOWS``).
 Whether a plan deadlocks depends on these edges and the rank orders alone,
-never on durations: :func:`find_deadlock` answers it without a cost model.
+never on durations: :func:`find_deadlock` answers it without a cost model,
+on the plan's programs (:func:`umsearch.core.program.lower`): each step waits
+for the messages its input is built from, and makes the message it sends or
+hands on.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from functools import cached_property
 from umsearch.core.actions import Action, B, F, Kind, indexed_list, source_stage
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
+from umsearch.core.program import Handoff, RankProgram, lower, untag
 from umsearch.core.samples import spans
 
 
@@ -72,30 +76,63 @@ class Dependencies:
         return [Action(src, self.gradient_kind[src][i], i) for i in self.gradient_sources[a.stage][a.mb]]
 
 
+Message = tuple[int, bool, int]
+"""``(sending stage, gradient?, its microbatch)``: one message of a plan (what :func:`~umsearch.core.program.tag`
+encodes)."""
+
+
+def _flows(program: RankProgram) -> tuple[list[tuple[Message, ...]], list[Message | None]]:
+    """Per step of ``program``: the messages its input is built from (in sample order), and the one it makes
+    (handed on or sent: a message is named by its sender's microbatch, as :func:`~umsearch.core.program.tag`
+    names it)."""
+    channels = program.channels
+    reads: list[tuple[Message, ...]] = []
+    makes: list[Message | None] = []
+    for st in program.steps:
+        if st.input is None:
+            reads.append(())
+        else:
+            ch = channels[st.input.channel]
+            reads.append(tuple((ch.sender, ch.gradient, m) for m, _, _ in st.input.pieces))
+        out = st.output
+        if isinstance(out, Handoff):
+            ch = channels[out.channel]
+            makes.append((ch.sender, ch.gradient, out.message))
+        else:
+            makes.append(None if out is None else untag(out.tag, program.num_stages))
+    return reads, makes
+
+
 def find_deadlock(plan: Plan) -> tuple[str, ...]:
     """For a valid plan: one line per rank that can never finish, naming the action it is stuck at and
-    the first input that never comes; empty when the plan runs to the end.
+    the first input that never comes (the action that makes it); empty when the plan runs to the end.
 
-    Every rank runs its list in order and an action runs once its producers
-    have; the plan deadlocks exactly when this stops with actions left.
+    Every rank runs its program's steps in order and a step runs once the
+    messages its input is built from have been made; the plan deadlocks
+    exactly when this stops with steps left.
     """
-    deps = Dependencies(plan)
-    done: set[Action] = set()
+    programs = lower(plan, run=False)
+    flows = [_flows(p) for p in programs]
+    maker = {m: st.action for p, (_, makes) in zip(programs, flows, strict=True)
+             for st, m in zip(p.steps, makes, strict=True) if m is not None}  # fmt: skip
+    made: set[Message] = set()
     pos = [0] * plan.ranks
     progress = True
     while progress:
         progress = False
-        for r, acts in enumerate(plan.actions):
-            while pos[r] < len(acts) and all(p in done for p in deps.producers(acts[pos[r]])):
-                done.add(acts[pos[r]])
+        for r, (reads, makes) in enumerate(flows):
+            while pos[r] < len(reads) and all(m in made for m in reads[pos[r]]):
+                out = makes[pos[r]]
+                if out is not None:
+                    made.add(out)
                 pos[r] += 1
                 progress = True
     stuck = []
-    for r, acts in enumerate(plan.actions):
-        if pos[r] < len(acts):
-            a = acts[pos[r]]
-            missing = next(p for p in deps.producers(a) if p not in done)
-            stuck.append(f"rank {r} is stuck at {a}, waiting for {missing} on rank {plan.stages[missing.stage].rank}")
+    for r, (reads, _) in enumerate(flows):
+        if pos[r] < len(reads):
+            missing = maker[next(m for m in reads[pos[r]] if m not in made)]
+            stuck.append(f"rank {r} is stuck at {programs[r].steps[pos[r]].action}, waiting for {missing} on rank "
+                         f"{plan.stages[missing.stage].rank}")  # fmt: skip
     return tuple(stuck)
 
 

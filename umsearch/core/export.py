@@ -33,6 +33,27 @@ import io
 from collections.abc import Sequence
 
 from umsearch.core.actions import Action, parse_action, rank_order_problem
+from umsearch.core.plan_rules import RUNS
+
+Seen = dict[tuple[int, str], set[int]]
+"""``(stage, kind) -> microbatches``: what the rank lists hold."""
+
+
+def _started(seen: Seen, stage: int, forward: bool) -> set[int]:
+    """The microbatches of ``stage``'s forward (backward) list that begin one of their ways (:data:`RUNS`)."""
+    return set().union(*(seen.get((stage, way[0]), set()) for way in RUNS[forward]))
+
+
+def _unfinished(seen: Seen, stage: int) -> str | None:
+    """Where a split backward of ``stage`` is not listed whole: a later kind of a way (``W``) for other
+    microbatches than its first (``I``); torch counts them, and needs as many."""
+    for way in RUNS[False]:
+        first = seen.get((stage, way[0]), set())
+        for kind in way[1:]:
+            then = seen.get((stage, kind), set())
+            if then != first:
+                return f"stage {stage} has {kind} for microbatches {sorted(then)} but {way[0]} for {sorted(first)}"
+    return None
 
 
 def _refusal(actions: Sequence[Sequence[Action]]) -> str | None:
@@ -40,7 +61,7 @@ def _refusal(actions: Sequence[Sequence[Action]]) -> str | None:
     if len(actions) == 0:
         return "there are no ranks; torch needs one row per rank of the process group"
     owner: dict[int, int] = {}
-    seen: dict[tuple[int, str], set[int]] = {}
+    seen: Seen = {}
     for r, row in enumerate(actions):
         for pos, a in enumerate(row):
             where = f"rank {r}, action {pos} ({a})"
@@ -66,12 +87,9 @@ def _refusal(actions: Sequence[Sequence[Action]]) -> str | None:
     empty = [r for r, row in enumerate(actions) if len(row) == 0]
     if empty:
         return f"rank {empty[0]} has no actions; every rank must hold a stage"
-    m = len(seen[(0, "F")])
+    m = len(_started(seen, 0, True))
     for s in stages:
-        fwd = seen.get((s, "F"), set())
-        bwd = seen.get((s, "B"), set()) | seen.get((s, "I"), set())
-        wgt = seen.get((s, "W"), set())
-        inp = seen.get((s, "I"), set())
+        fwd, bwd = _started(seen, s, True), _started(seen, s, False)
         if fwd != set(range(m)):
             return (
                 f"stage {s} runs forwards of microbatches {sorted(fwd)}, but torch needs every "
@@ -79,8 +97,9 @@ def _refusal(actions: Sequence[Sequence[Action]]) -> str | None:
             )
         if bwd != fwd:
             return f"stage {s} runs backwards of microbatches {sorted(bwd)}; it must be 0..{m - 1}"
-        if wgt != inp:
-            return f"stage {s} has W for microbatches {sorted(wgt)} but I for {sorted(inp)}"
+        unfinished = _unfinished(seen, s)
+        if unfinished is not None:
+            return unfinished
     return None
 
 

@@ -1,25 +1,33 @@
-"""The one loader of a plan file with everything it refers to: profile, model, state factor.
+"""The one gate of a plan file, with everything it refers to: profile, model, state factor.
 
-Every command that reads a plan (simulate, show, export, compare, run,
-validate, replay, calibrate) goes through :func:`load_plan_file`, so they all
-resolve the profile path, the state factor and the model the same way, check
-the plan against the profile once, and refuse a plan that deadlocks (only
-``simulate`` and ``show``, which draw the deadlock, take one).
+Every plan read from a file goes through :func:`load_plan_file` (the commands
+simulate, show, export, compare, run, validate, replay, calibrate, the torchrun
+entry point of every rank, the library): it reads the file bounded, refuses a
+plan too large from the raw lists' lengths before any of it is built, checks it
+once (:func:`umsearch.core.plan_rules.validate_plan`), resolves the profile
+path, the state factor and the model the same way for all, checks the plan
+against the profile, and refuses a plan that deadlocks (only ``simulate`` and
+``show``, which draw the deadlock, take one). A :class:`~umsearch.core.plan.Plan`
+built in code is checked with :func:`~umsearch.core.plan_rules.validate_plan`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import check_deadlock
 from umsearch.core.errors import ModelSpecError, PlanError
 from umsearch.core.fields import number
+from umsearch.core.jsonio import read_json
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan
-from umsearch.core.plan_io import PlanDocument, load_document, resolve_profile_path
+from umsearch.core.plan_io import PlanDocument, _parse_document, resolve_profile_path
+from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Profile, load_profile
 
 DEFAULT_STATE_FACTOR = 4.0
@@ -50,11 +58,15 @@ class LoadedPlan:
     def plan(self) -> Plan:
         return self.document.plan
 
-    def cost(self) -> CostModel:
-        """The cost model of the profile and state factor; raises PlanError when there is no profile."""
+    def require_profile(self) -> Profile:
+        """The profile; raises PlanError when there is none."""
         if self.profile is None:
             raise PlanError(f"{self.path}: the plan names no profile; pass --profile PROFILE.json")
-        return CostModel(self.profile, state_factor=self.state_factor)
+        return self.profile
+
+    def cost(self) -> CostModel:
+        """The cost model of the profile and state factor; raises PlanError when there is no profile."""
+        return CostModel(self.require_profile(), state_factor=self.state_factor)
 
     def require_model(self) -> ModelSpec:
         """The model spec, or an error saying how to name one."""
@@ -78,10 +90,25 @@ def _state_factor(doc: PlanDocument, override: float | None, path: Path) -> floa
         raise PlanError(f"{path}: {exc}") from None
 
 
+def _file_args(doc: PlanDocument, profile: Profile | None, source: str, path: Path) -> dict[str, Any] | None:
+    """The arguments the plan (else its profile) gives model ``source``; None when it names another."""
+    raw = doc.meta.get("model")
+    if raw is None and profile is not None:
+        raw = profile.extra.get("model_spec")
+    if isinstance(raw, dict) and raw.get("source") == source:
+        try:
+            return ModelSpec.from_json(raw, "the plan's model", trust=True).args
+        except ModelSpecError as exc:
+            raise PlanError(f"{path}: {exc}") from None
+    return None
+
+
 def _model(doc: PlanDocument, profile: Profile | None, override: ModelSpec | None, trust: bool,
            path: Path) -> ModelSpec | None:  # fmt: skip
     if override is not None:
-        return override
+        # Named without arguments, the model the file names keeps the file's arguments.
+        args = None if override.args else _file_args(doc, profile, override.source, path)
+        return dataclasses.replace(override, args=args) if args else override
     try:
         if "model" in doc.meta:
             return ModelSpec.from_json(doc.meta["model"], f"{path}: the plan's 'model'", trust=trust)
@@ -103,6 +130,17 @@ def _missing_profile(plan_path: Path, prof_path: Path, model: ModelSpec | None, 
     return f"the profile {plan_path} names, {str(prof_path)!r}, {what}: nothing is predicted for this run"
 
 
+def _read_document(path: Path) -> PlanDocument:
+    """The plan file, read bounded, parsed and checked once; errors name the file."""
+    obj = read_json(path, "plan", PlanError)
+    try:
+        doc = _parse_document(obj)
+        validate_plan(doc.plan)
+    except PlanError as exc:
+        raise PlanError(f"{path}: {exc}") from None
+    return doc
+
+
 def load_plan_file(path: str | os.PathLike[str], *, profile: str | os.PathLike[str] | None = None,
                    state_factor: float | None = None, model: ModelSpec | None = None,
                    trust_model_code: bool = False, require_profile: bool = False,
@@ -110,16 +148,19 @@ def load_plan_file(path: str | os.PathLike[str], *, profile: str | os.PathLike[s
     """Load ``path`` and resolve its profile, state factor and model: the one gate every plan file passes.
 
     ``profile`` / ``state_factor`` / ``model`` are the user's overrides
-    (flags); a model the user names is trusted. ``require_profile`` makes a
+    (flags); a model the user names is trusted, and named without arguments
+    (no ``--arg``) it keeps the arguments the plan (else its profile) gives
+    that same model. ``require_profile`` makes a
     plan without a profile an error. A profile the plan names that is not a
     readable file is an error too, unless the user named the model (``model``)
     or the caller needs no profile (``allow_missing_profile``): then the plan
     loads without one and :attr:`LoadedPlan.notes` says so. The plan is
-    validated, checked against the profile when there is one, and refused
-    when it deadlocks (unless ``allow_deadlock``).
+    checked once (:func:`~umsearch.core.plan_rules.validate_plan`), against
+    the profile when there is one, and refused when it deadlocks (unless
+    ``allow_deadlock``); every error names the file.
     """
     plan_path = Path(path)
-    doc = load_document(plan_path)
+    doc = _read_document(plan_path)
     if not allow_deadlock:
         try:
             check_deadlock(doc.plan)

@@ -18,12 +18,19 @@ Flags that are no setting of a TOML table or settings group (``--json``,
 ``--out``, a command's own switches) are declared the same way, in
 :mod:`umsearch.cli.flags` or beside their command: every flag of every
 command comes from a declaration.
+
+What each kind of value means is said once, in :data:`KIND_RULES` (the one
+switch on :attr:`Option.kind`): how a command line takes it
+(:attr:`KindRule.shape`) and what a value of it must be
+(:func:`check_value`, for a value already decoded: a TOML value, a flag's
+parsed text).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -66,6 +73,108 @@ class Option:
     """For run settings: ``ranks`` travel to every rank's entry point; ``launcher`` stay with ``umsearch run``."""
     hidden: bool = False
     """Left out of ``--help``."""
+
+
+Shape = Literal["switch", "repeated", "value"]
+"""How a command line takes a setting: present or not, a flag given any number of times, or once with a value."""
+
+
+def _int(opt: Option, v: Any, key: str) -> int:
+    lo, hi = (int(opt.bounds[0]), int(opt.bounds[1])) if opt.bounds is not None else (0, 2**31 - 1)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{key} = {v!r}: must be an integer from {lo} to {hi}")
+    return v
+
+
+def _positive(opt: Option, v: Any, key: str) -> float:
+    hi = opt.bounds[1] if opt.bounds is not None else math.inf
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 < v <= hi:
+        raise ValueError(f"{key} = {v!r}: must be a finite positive number up to {hi:g}")
+    return float(v)
+
+
+def _bool(opt: Option, v: Any, key: str) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{key} = {v!r}: use true or false")
+    return v
+
+
+def _choice(opt: Option, v: Any, key: str) -> Any:
+    if v not in opt.choices:
+        raise ValueError(f"{key} = {v!r}: use {', '.join(map(repr, opt.choices))}")
+    return v
+
+
+def _ints(opt: Option, v: Any, key: str) -> tuple[int, ...]:
+    items = v if isinstance(v, list | tuple) else [v]
+    if not items:
+        raise ValueError(f"{key} = {v!r}: give at least one value, e.g. [1, 2]")
+    return tuple(sorted({_int(opt, x, key) for x in items}))
+
+
+def _names(opt: Option, v: Any, key: str) -> tuple[str, ...]:
+    items = v if isinstance(v, list | tuple) else [v]
+    for p in items:
+        if p not in opt.choices:
+            raise ValueError(f"{key} names {p!r}; known: {', '.join(opt.choices)}")
+    return tuple(dict.fromkeys(items))
+
+
+def _text(what: str) -> Callable[[Option, Any, str], str]:
+    def check(opt: Option, v: Any, key: str) -> str:
+        if not isinstance(v, str):
+            raise ValueError(f"{key} = {v!r}: must be a {what}string")
+        return v
+
+    return check
+
+
+def _as_given(opt: Option, v: Any, key: str) -> Any:
+    return v
+
+
+@dataclass(frozen=True)
+class KindRule:
+    """What one :data:`ValueKind` means wherever a setting is taken."""
+
+    shape: Shape
+    """How a command line takes it."""
+    check: Callable[[Option, Any, str], Any] | None
+    """A decoded value to the field's value, raising ValueError with the key and the fix; None: the
+    parser of the settings that declare it (``size``, ``link``: their forms are the search space's)."""
+
+
+KIND_RULES: dict[str, KindRule] = {
+    "int": KindRule("value", _int), "float": KindRule("value", _positive), "bool": KindRule("value", _bool),
+    "choice": KindRule("value", _choice), "ints": KindRule("value", _ints), "names": KindRule("value", _names),
+    "text": KindRule("value", _text("")), "path": KindRule("value", _text("path ")),
+    "folder": KindRule("value", _text("")), "size": KindRule("value", None), "link": KindRule("value", None),
+    "switch": KindRule("switch", _bool), "multiple": KindRule("repeated", _as_given),
+}  # fmt: skip
+"""The one switch on :attr:`Option.kind`: every :data:`ValueKind`'s :class:`KindRule`."""
+assert set(KIND_RULES) == set(ValueKind.__args__)  # type: ignore[attr-defined]
+
+
+def kind_rule(opt: Option) -> KindRule:
+    """:data:`KIND_RULES`' rule of ``opt``'s kind."""
+    return KIND_RULES[opt.kind]
+
+
+def check_value(opt: Option, value: Any, key: str, error: type[Exception],
+                parsers: Mapping[str, Callable[[Any, str], Any]] | None = None) -> Any:  # fmt: skip
+    """``value`` (decoded: a TOML value, a flag's parsed text) as the field's value of ``opt``, or ``error``
+    naming ``key``, the value and the fix. ``parsers``: by kind, the parsers (value, key) of the kinds
+    whose forms their settings define (:attr:`KindRule.check` None)."""
+    check = kind_rule(opt).check
+    if check is None:
+        parse = (parsers or {}).get(opt.kind)
+        if parse is None:
+            raise TypeError(f"{key}: a {opt.kind} value needs its parser")
+        return parse(value, key)
+    try:
+        return check(opt, value, key)
+    except ValueError as exc:
+        raise error(str(exc)) from None
 
 
 def option(help: str, **kw: Any) -> dict[str, Option]:

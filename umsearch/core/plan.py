@@ -11,6 +11,10 @@ files included).
 Version 2.2 (docs/model.md section 9) adds optional fields for data-parallel
 replicas on a cluster: ``data_parallel``, ``cluster``, ``layout``, ``zero1``.
 A plan without them means what it meant, and is written without them.
+Version 2.3 adds ``bucket_mib``, the gradient bucket cap of the all-reduce
+(section 9): 25 MiB (DDP's) for a plan built in code; ``None`` (no cap, one
+all-reduce per stage) is version 2.2, which a replicated plan file without the
+field means.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from functools import cached_property
 from typing import Any
 
 from umsearch.core.actions import Action
-from umsearch.core.cluster import DEFAULT_LAYOUT, Cluster
+from umsearch.core.cluster import DEFAULT_BUCKET_MIB, DEFAULT_LAYOUT, Cluster
 from umsearch.core.errors import PlanError
 
 SCHEMA = "umsearch.plan/2"
@@ -92,6 +96,9 @@ class Plan:
     """Which device replica d's rank r is: ``dp_inner`` (``r * D + d``) or ``pp_inner`` (``d * R + r``)."""
     zero1: bool = False
     """Whether optimizer states are sharded over the replicas (memory only)."""
+    bucket_mib: float | None = DEFAULT_BUCKET_MIB
+    """Cap of one gradient bucket of the all-reduce in MiB (docs/model.md 9, version 2.3); None: no cap, each
+    stage all-reduced whole once its last backward ends (version 2.2)."""
 
     @property
     def replica_batch(self) -> int:
@@ -129,7 +136,9 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """The contract fields of a plan/2 file (no prediction, no provenance); the section 9 fields
-        only where they differ from their defaults, so older plans are written as before."""
+        only where they differ from their defaults, so older plans are written as before, except
+        ``bucket_mib``, written with replicas (a replicated file without it reads as version 2.2) or
+        where it is not the default (``null``: no cap)."""
         out = {"schema": SCHEMA, "global_batch": self.global_batch, "ranks": self.ranks,
                "stages": [s.to_json() for s in self.stages],
                "actions": [[str(a) for a in acts] for acts in self.actions]}  # fmt: skip
@@ -141,6 +150,9 @@ class Plan:
             out["layout"] = self.layout
         if self.zero1:
             out["zero1"] = True
+        if self.data_parallel != 1 or self.bucket_mib != DEFAULT_BUCKET_MIB:
+            mib = self.bucket_mib
+            out["bucket_mib"] = int(mib) if mib is not None and float(mib).is_integer() else mib
         return out
 
 

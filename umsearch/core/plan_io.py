@@ -1,8 +1,10 @@
 """Plan files: :class:`PlanDocument` (a plan with its prediction and provenance) to and from JSON and disk.
 
 ``umsearch.plan/2`` is read and written; a ``umsearch.plan/1`` file (one stage per rank, orders
-given by a warmup) is read as the plan/2 of docs/model.md section 6.1. Every object read passes
-:func:`umsearch.core.plan_rules.validate_plan`; errors name the file, the field and the value.
+given by a warmup) is read as the plan/2 of docs/model.md section 6.1. Reading is private here:
+a plan file is read through its one gate, :func:`umsearch.core.loader.load_plan_file`, which parses
+it with :func:`_parse_document` (the size limits on the raw lists, then the fields) and checks it
+once (:func:`umsearch.core.plan_rules.validate_plan`); errors name the file, the field and the value.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from umsearch.core.actions import Action, parse_action
-from umsearch.core.cluster import cluster_from_json
+from umsearch.core.cluster import bucket_mib_from_json, cluster_from_json
 from umsearch.core.errors import PlanError
 from umsearch.core.fields import check_keys, integer, mapping, required
-from umsearch.core.jsonio import check_input_path, read_json, write_json
+from umsearch.core.jsonio import check_input_path, write_json
 from umsearch.core.plan import MAX_MICROBATCHES, SCHEMA, SCHEMA_V1, Plan, Stage
 from umsearch.core.plan_rules import check_size, validate_plan
 
@@ -163,7 +165,7 @@ def _v1_plan(obj: dict[str, Any], num_layers: int | None) -> Plan:
 
 
 _PLAN_KEYS = frozenset({"schema", "global_batch", "ranks", "stages", "actions", "predicted", *META_KEYS,
-                        "data_parallel", "cluster", "layout", "zero1"})  # fmt: skip
+                        "data_parallel", "cluster", "layout", "zero1", "bucket_mib"})  # fmt: skip
 
 
 def _replica_fields(obj: dict[str, Any]) -> dict[str, Any]:
@@ -172,13 +174,15 @@ def _replica_fields(obj: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: obj[k] for k in ("data_parallel", "layout", "zero1") if k in obj}
     if "cluster" in obj:
         out["cluster"] = cluster_from_json(obj["cluster"])
+    out["bucket_mib"] = bucket_mib_from_json(obj)
     return out
 
 
-def document_from_json(obj: Any, num_layers: int | None = None) -> PlanDocument:
-    """Build and validate a :class:`PlanDocument` from a decoded plan/1 or plan/2 object. The size
-    limits (:func:`~umsearch.core.plan_rules.check_size`) are checked on the raw lists first, so a huge
-    plan is refused before any of it is built."""
+def _parse_document(obj: Any, num_layers: int | None = None) -> PlanDocument:
+    """A :class:`PlanDocument` from a decoded plan/1 or plan/2 object, its plan NOT yet checked (the
+    caller's :func:`~umsearch.core.plan_rules.validate_plan` is the one check). The size limits
+    (:func:`~umsearch.core.plan_rules.check_size`) are checked on the raw lists first, so a huge plan is
+    refused before any of it is built."""
     if not isinstance(obj, dict):
         raise PlanError(f"a plan must be a JSON object, got {type(obj).__name__}")
     schema = obj.get("schema")
@@ -207,31 +211,12 @@ def document_from_json(obj: Any, num_layers: int | None = None) -> PlanDocument:
     profile = obj.get("profile")
     if profile is not None and not isinstance(profile, str):
         raise PlanError(f"plan field 'profile' must be a path string, got {profile!r}")
-    validate_plan(plan, num_layers)
     return PlanDocument(plan=plan, predicted=predicted, meta={k: obj[k] for k in META_KEYS if k in obj})
 
 
-def plan_from_json(obj: Any, num_layers: int | None = None) -> Plan:
-    """The validated :class:`Plan` of a decoded plan/1 or plan/2 object."""
-    return document_from_json(obj, num_layers).plan
-
-
-def load_document(path: str | os.PathLike[str], num_layers: int | None = None) -> PlanDocument:
-    """Read and validate a plan file; errors name the file."""
-    obj = read_json(path, "plan", PlanError)
-    try:
-        return document_from_json(obj, num_layers)
-    except PlanError as exc:
-        raise PlanError(f"{path}: {exc}") from None
-
-
-def load_plan(path: str | os.PathLike[str], num_layers: int | None = None) -> Plan:
-    """The validated :class:`Plan` of a plan file."""
-    return load_document(path, num_layers).plan
-
-
 def save_document(doc: PlanDocument, path: str | os.PathLike[str]) -> Path:
-    """Validate ``doc.plan`` and write the document atomically as plan/2."""
+    """Check ``doc.plan`` (:func:`~umsearch.core.plan_rules.validate_plan`) and write the document atomically
+    as plan/2."""
     validate_plan(doc.plan)
     return write_json(path, doc.to_json())
 

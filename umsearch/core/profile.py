@@ -165,12 +165,15 @@ class LayerProfile:
     """Bytes of the layer's parameters."""
     boundary_shared_bytes: float = 0.0
     """Bytes per sample that this layer and the one before both save (one storage: the earlier layer's saved
-    output is this layer's saved input); a stage running both keeps them once. 0 for the first layer, and
-    where the profile does not say (older profiles). Measured for contract 2.3 (issue 38), not yet read by
-    the cost model."""
+    output is this layer's saved input); a stage running both keeps them once (docs/model.md 5, version 2.3).
+    0 for the first layer, and where the profile does not say (older profiles)."""
     input_saved_bytes: float | None = None
     """Bytes per sample of its input that the layer itself saves (what a recomputing stage's kept input and
-    the rebuilt graph share); None where the profile does not say. Measured for contract 2.3, not yet read."""
+    the rebuilt graph share, docs/model.md 5); None (read as 0) where the profile does not say."""
+    weight_stash_bytes: float | None = None
+    """Bytes per sample of its saved tensors that the layer, run alone, still holds after its input-gradient
+    half ``I`` (what ``W`` needs, docs/model.md 5); None (read as all of ``stash_bytes``: ``I`` frees
+    nothing, as before version 2.3) where the profile does not say."""
     bwd_input_ms: tuple[float, ...] | None = None
     """Input-gradient part of the backward per size (needed by plans using ``I``/``W``)."""
     bwd_weight_ms: tuple[float, ...] | None = None
@@ -205,6 +208,8 @@ class LayerProfile:
             out["boundary_shared_bytes"] = self.boundary_shared_bytes
         if self.input_saved_bytes is not None:
             out["input_saved_bytes"] = self.input_saved_bytes
+        if self.weight_stash_bytes is not None:
+            out["weight_stash_bytes"] = self.weight_stash_bytes
         return out
 
 
@@ -285,7 +290,7 @@ def _times(raw: Any, where: str, n: int) -> tuple[float, ...]:
 
 
 _LAYER_KEYS = frozenset({"name", "out_bytes", "stash_bytes", "param_bytes", "boundary_shared_bytes",
-                         "input_saved_bytes"}
+                         "input_saved_bytes", "weight_stash_bytes"}
                         | {f"{q}_{s}" for q in QUANTITIES for s in ("ms", "iqr_ms", "raw_ms")})  # fmt: skip
 
 
@@ -306,7 +311,7 @@ def _layer(raw: Any, i: int, n: int) -> LayerProfile:
     byte = {k: number(get(k), f"{where}{k}", ProfileError, limit=MAX_BYTES)
             for k in ("out_bytes", "stash_bytes", "param_bytes")}  # fmt: skip
     optional = {k: number(obj[k], f"{where}{k}", ProfileError, limit=MAX_BYTES)
-                for k in ("boundary_shared_bytes", "input_saved_bytes") if k in obj}  # fmt: skip
+                for k in ("boundary_shared_bytes", "input_saved_bytes", "weight_stash_bytes") if k in obj}  # fmt: skip
     for k, value in optional.items():
         if value > byte["stash_bytes"]:
             raise ProfileError(f"profile {where}{k} = {value:g} is more than the layer's stash_bytes "

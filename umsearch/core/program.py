@@ -32,9 +32,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from umsearch.core.actions import Action
+from umsearch.core.actions import (
+    FEEDS,
+    KINDS,
+    NEEDS,
+    Action,
+    consumer_stage,
+    indexed_list,
+    on_forward_list,
+    source_stage,
+)
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
+from umsearch.core.plan_rules import RUNS
 from umsearch.core.samples import all_overlaps
 
 RECV_WINDOW = 2
@@ -64,8 +74,19 @@ def untag(tag: int, num_stages: int) -> tuple[int, bool, int]:
 
 
 def message_name(sender: int, gradient: bool, mb: int) -> str:
-    """``activation message 0F3`` / ``gradient message 2B1``: the sender's action that made it."""
-    return f"{'gradient' if gradient else 'activation'} message {sender}{'B' if gradient else 'F'}{mb}"
+    """``activation message 0F3`` / ``gradient message 2B1``: the sender's microbatch, named by the kind
+    that runs it whole (:data:`~umsearch.core.plan_rules.RUNS`: a forward, or a whole backward)."""
+    return f"{'gradient' if gradient else 'activation'} message {Action(sender, RUNS[not gradient][0][0], mb)}"
+
+
+_READER = {gradient: next(c for c in range(len(KINDS)) if NEEDS[c] != 0 and on_forward_list(c) != gradient)
+           for gradient in (False, True)}  # fmt: skip
+"""By direction (gradients or not), the code of a kind that reads that channel (:data:`~umsearch.core.actions.NEEDS`):
+a forward reads activations, a ``B`` gradients (an ``I`` reads the same)."""
+_SENDER = {gradient: next(c for c in range(len(KINDS)) if FEEDS[c] != 0 and on_forward_list(c) != gradient)
+           for gradient in (False, True)}  # fmt: skip
+"""By direction, the code of a kind that sends on it (:data:`~umsearch.core.actions.FEEDS`): a forward sends
+activations, a ``B`` gradients (an ``I`` the same)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,14 +226,20 @@ def check_tags(plan: Plan) -> None:
         raise PlanError(f"{S} stages x {biggest} microbatches need message tags beyond int32; use fewer microbatches")
 
 
-def lower(plan: Plan, *, forward_only: bool = False) -> tuple[RankProgram, ...]:
-    """One program per rank of a validated ``plan`` (``forward_only``: only the forwards run). Linear in the plan."""
-    check_tags(plan)
+def lower(plan: Plan, *, forward_only: bool = False, run: bool = True) -> tuple[RankProgram, ...]:
+    """One program per rank of a validated ``plan`` (``forward_only``: only the forwards run). Linear in the plan.
+
+    ``run`` False: the programs are read, never run (deadlock detection reads what each step reads and
+    makes), so they post no receives (no windows are worked out) and tags beyond int32
+    (:func:`check_tags`) are no error.
+    """
+    if run:
+        check_tags(plan)
     lists = [tuple(a for a in acts if a.is_forward or not forward_only) for acts in plan.actions]
     # Every rank's incoming messages in their senders' order: one pass over all lists.
     arrivals: list[dict[int, list[tuple[int, bool, int]]]] = [{} for _ in lists]
     S, st = plan.num_stages, plan.stages
-    for src, acts in enumerate(lists):
+    for src, acts in enumerate(lists if run else ()):
         for a in acts:
             to = a.consumer(S)
             if to is not None and st[to].rank != src:
@@ -250,13 +277,12 @@ def _channels(plan: Plan, rank: int, actions: tuple[Action, ...]) -> tuple[list[
     release: list[list[list[int]]] = []
     index: dict[tuple[int, bool], int] = {}
     for j in plan.stages_of(rank):
-        for reader in (Action(j, "F", 0), Action(j, "B", 0)):  # a forward reads activations, a B/I gradients
-            src = reader.source(S)
-            if src is None:
+        for gradient, reader in _READER.items():
+            src = source_stage(reader, j, S)
+            if src < 0:
                 continue
-            gradient = not reader.is_forward
-            theirs = reader.sizes(st[src].forward, st[src].backward)
-            p = all_overlaps(theirs, reader.sizes(st[j].forward, st[j].backward))
+            theirs = indexed_list(reader, st[src].forward, st[src].backward)
+            p = all_overlaps(theirs, indexed_list(reader, st[j].forward, st[j].backward))
             index[(j, gradient)] = len(channels)
             channels.append(Channel(stage=j, gradient=gradient, sender=src, sender_rank=st[src].rank,
                                     local=st[src].rank == rank, sizes=tuple(theirs),
@@ -327,8 +353,8 @@ def _lower_rank(plan: Plan, rank: int, actions: tuple[Action, ...],
             continue
         c = index[(a.stage, not a.is_forward)]
         inputs.append(Input(channel=c, pieces=tuple(parts[c][a.mb]), release=tuple(release[c][a.mb])))
-        if not channels[c].local:
-            link = links[channels[c].sender_rank]
+        link = links.get(channels[c].sender_rank) if not channels[c].local else None
+        if link is not None:
             need = max(seq[c][m] for m, _, _ in parts[c][a.mb])
             link.readers.append(pos)
             link.through.append(max(need, link.through[-1]) if link.through else need)
@@ -347,7 +373,7 @@ def _lower_rank(plan: Plan, rank: int, actions: tuple[Action, ...],
     headers = tuple(
         HeaderSend(stage=j, peer=st[dst].rank, tag=tag(j, False, -1, S))
         for j in plan.stages_of(rank)
-        if (dst := Action(j, "F", 0).consumer(S)) is not None and st[dst].rank != rank
+        if (dst := consumer_stage(_SENDER[False], j, S)) >= 0 and st[dst].rank != rank
     )
     return RankProgram(rank=rank, num_stages=S, stages=plan.stages_of(rank), channels=tuple(channels),
                        activations={j: c for (j, g), c in index.items() if not g},

@@ -112,7 +112,7 @@ def named_schedule(plan: Plan) -> str | None:
     return None
 
 
-def _placement_name(plan: Plan) -> str:
+def placement_name(plan: Plan) -> str:
     """A torch schedule name that makes torchtitan place the plan's stages where the plan has them."""
     if plan.num_stages % plan.ranks == 0:
         v = plan.num_stages // plan.ranks
@@ -190,7 +190,7 @@ def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "sched
     if name is not None:
         parallelism["pipeline_parallel_schedule"] = name
     else:
-        parallelism["pipeline_parallel_schedule"] = _placement_name(plan)
+        parallelism["pipeline_parallel_schedule"] = placement_name(plan)
         try:
             csv = pipelining_csv(plan.actions)
         except ValueError as exc:  # an order torch's schedule validation would refuse
@@ -210,36 +210,48 @@ def plan_schedule_recipe(plan: Plan, modules: Sequence[str], source: str) -> str
     """A Python file that runs ``plan`` itself (any microbatches) in torchtitan through ``PlanSchedule``.
 
     It holds the module names of each stage (``module_fqns_per_model_part``
-    cut where the plan cuts) and ``build_plan_schedule(stages, loss_fn)``, the
-    line that replaces torchtitan's ``build_pipeline_schedule``. Raises
-    PlanError where torchtitan cannot place the plan's stages (the way out named).
+    cut where the plan cuts), ``pipelining_fn()``, the ``pipelining_fn`` of
+    torchtitan's ``ModelSpec`` that cuts torchtitan's model with torchtitan's
+    own splitting and returns the plan's schedule
+    (:mod:`umsearch.runtime.torchtitan_pipeline`), and
+    ``build_plan_schedule(stages, loss_fn)``, the schedule alone for a loop
+    that builds its own stages. Raises PlanError where torchtitan cannot place
+    the plan's stages (the way out named).
     """
     if len(modules) != plan.num_layers:
         raise PlanError(f"{len(modules)} layer names for a plan over {plan.num_layers} layers")
     if plan.data_parallel > 1:
         raise PlanError(f"the plan has {plan.data_parallel} data-parallel replicas; PlanSchedule runs one pipeline")
-    placed_as = _placement_name(plan)
+    placed_as = placement_name(plan)
     fqns = [list(modules[st.lo:st.hi]) for st in plan.stages]
     return f'''"""Run {source} inside torchtitan through umsearch's PlanSchedule (written by umsearch export).
 
 The plan's own microbatches (unequal and per stage where it has them) run as
-planned; torchtitan's settings cannot express them. In torchtitan:
+planned; torchtitan's settings cannot express them. umsearch must be
+importable where the job trains (pip install 'umsearch[torchtitan]').
 
-1. set [parallelism] pipeline_parallel_degree = {plan.ranks},
-   pipeline_parallel_schedule = "{placed_as}" (it only makes torchtitan place
-   the stages on ranks as the plan does) and module_fqns_per_model_part =
-   MODULE_FQNS_PER_MODEL_PART below, so that torchtitan cuts the stages where
-   the plan cuts them;
-2. where torchtitan builds its schedule (``build_pipeline_schedule(job_config,
-   stages, loss_fn)`` in torchtitan/distributed/pipeline_parallel.py), build
-   this one from the same stages and loss function instead::
+torchtitan 0.3: give the model spec this plan's pipelining_fn, which cuts
+torchtitan's model with torchtitan's own splitting where the plan cuts and
+returns the plan's schedule::
 
-       pp_schedule = build_plan_schedule(stages, loss_fn)
+    import dataclasses
+    from torchtitan.models.llama3 import model_registry
+    spec = dataclasses.replace(model_registry("8B"), pipelining_fn=pipelining_fn())
 
-``loss_fn`` is the model's mean loss, as torchtitan hands it over; the
-schedule weighs each microbatch by its samples, so the gradients are the
-full batch's and the mean of ``losses`` is its loss. umsearch must be
-importable where the job trains.
+and set [parallelism] pipeline_parallel_degree = {plan.ranks} (with
+module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART below, or let
+pipelining_fn() name them) and [training] local_batch_size = {plan.global_batch}.
+The parts must not be wrapped in FSDP (a parallelize_fn without fully_shard).
+
+A loop that builds its own PipelineStages (stage j on rank STAGE_RANKS[j],
+holding MODULE_FQNS_PER_MODEL_PART[j]; torchtitan places them so with
+pipeline_parallel_schedule = "{placed_as}") takes the schedule alone::
+
+    pp_schedule = build_plan_schedule(stages, loss_fn)
+
+``loss_fn`` there is the model's mean loss; the schedule weighs each
+microbatch by its samples, so the gradients are the full batch's and the mean
+of ``losses`` is its loss.
 """
 
 from pathlib import Path
@@ -249,6 +261,13 @@ PIPELINE_PARALLEL_DEGREE = {plan.ranks}
 LOCAL_BATCH_SIZE = {plan.global_batch}
 MODULE_FQNS_PER_MODEL_PART = {fqns!r}
 STAGE_RANKS = {[st.rank for st in plan.stages]!r}
+
+
+def pipelining_fn():
+    """torchtitan's ModelSpec.pipelining_fn running the plan (torchtitan 0.3)."""
+    from umsearch.runtime.torchtitan_pipeline import plan_pipelining_fn
+
+    return plan_pipelining_fn(PLAN, MODULE_FQNS_PER_MODEL_PART)
 
 
 def build_plan_schedule(stages, loss_fn):

@@ -80,6 +80,7 @@ from umsearch.measure.stash import (
     saved_storages,
     shared_bytes,
     tensor_bytes,
+    weight_saved_bytes,
 )
 from umsearch.measure.stopping import DEFAULT_PRECISION, MIN_ROUNDS, converged
 from umsearch.nn.models import BuiltModel, ModelSpec
@@ -192,6 +193,8 @@ class Chain:
     """Per layer, bytes per sample saved both by it and by the layer before (0 for the first)."""
     input_saved_bytes: tuple[float, ...] = ()
     """Per layer, bytes per sample of its own input that it saves."""
+    weight_stash_bytes: tuple[float, ...] = ()
+    """Per layer, bytes per sample of what it saves that its graph still holds after ``I`` (what ``W`` needs)."""
     stopped: str | None = None
     """Why the sizes end before the requested ones do (memory), None when all ran."""
 
@@ -200,9 +203,10 @@ class Chain:
         return float(sum(tensor_bytes(t) for ts in self.inputs.values() for t in ts))
 
 
-_Row = tuple[float, float, Signature, float, float, float]
+_Row = tuple[float, float, Signature, float, float, float, float]
 """Per layer at one size: output, stash and input bytes per sample, shapes and stash, and the bytes per sample
-it saves that the layer before saved too, and of its input that it saves."""
+it saves that the layer before saved too, of its input that it saves, and that its graph still holds after
+``I``."""
 
 
 def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.device,
@@ -224,10 +228,15 @@ def _one_size(built: BuiltModel, b: int, g: torch.Generator, device: torch.devic
             root = built.loss(out, y) if last else out
         if root.requires_grad:  # one backward warms the code paths the bursts will take
             root.backward(None if last else torch.ones_like(root))
+            with precision.autocast(device):  # what I leaves for W: a forward and an I of its own
+                weight = weight_saved_bytes(m, leaf(x, i == 0), (lambda o: built.loss(o, y)) if last else None)
+        else:
+            weight = stash  # no backward at all: nothing is freed early
         m.zero_grad(set_to_none=True)
         inputs.append(x.detach())
         rows.append((tensor_bytes(out) / b, stash / b, (tensor_signature(x), tensor_signature(out), stash),
-                     tensor_bytes(x) / b, shared_bytes(before, saved) / b, input_saved_bytes(saved, inp) / b))  # fmt: skip
+                     tensor_bytes(x) / b, shared_bytes(before, saved) / b, input_saved_bytes(saved, inp) / b,
+                     min(weight, stash) / b))  # fmt: skip
         # The next layer's input is this output's storage (a detached view), so what both save is found by
         # storage; this layer's saved storages are held until then, so an address is never a reused one.
         before = saved
@@ -304,7 +313,8 @@ def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tic
                  signatures=sigs, input_bytes=float(tensor_bytes(first) / first.shape[0]),
                  in_bytes=tuple(per_size[-1][i][3] for i in range(L)),
                  boundary_shared_bytes=tuple(per_size[-1][i][4] for i in range(L)),
-                 input_saved_bytes=tuple(per_size[-1][i][5] for i in range(L)), stopped=stopped)  # fmt: skip
+                 input_saved_bytes=tuple(per_size[-1][i][5] for i in range(L)),
+                 weight_stash_bytes=tuple(per_size[-1][i][6] for i in range(L)), stopped=stopped)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- rounds
@@ -555,6 +565,7 @@ def _layer(built: BuiltModel, chain: Chain, i: int, curves: dict[str, Curve]) ->
         bwd_input_ms=fitted("bwd_input"), bwd_weight_ms=fitted("bwd_weight"),
         out_bytes=chain.out_bytes[i], stash_bytes=chain.stash_bytes[i],
         boundary_shared_bytes=chain.boundary_shared_bytes[i], input_saved_bytes=chain.input_saved_bytes[i],
+        weight_stash_bytes=chain.weight_stash_bytes[i] if chain.weight_stash_bytes else None,
         param_bytes=float(sum(tensor_bytes(p) for p in built.layers[i].parameters())),
         spread_ms={q: c.spread for q, c in curves.items()}, raw_ms={q: c.raw for q, c in curves.items()},
     )  # fmt: skip

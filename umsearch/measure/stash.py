@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
+
+from umsearch.nn.backward import backward_input
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -66,3 +69,35 @@ def input_saved_bytes(saved: Saved, x: torch.Tensor) -> int:
     """Bytes of ``x``'s storage among what a forward saved: the part of its input a layer keeps itself."""
     ptr = x.untyped_storage().data_ptr()
     return saved.nbytes(ptr) if ptr in saved else 0
+
+
+def weight_saved_bytes(
+    module: torch.nn.Module, x: torch.Tensor, then: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> int:
+    """Bytes of the storages ``module(x)`` saved (parameters excluded) that its graph still holds after the
+    input-gradient half ``I`` (:func:`umsearch.nn.backward.backward_input`): what ``W`` needs. ``then``
+    (the loss, on the last layer) makes the scalar the backward starts from. Runs its own forward."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    skip = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    packed: list[weakref.ref[torch.Tensor]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() in skip:
+            return t
+        alias = t.detach()  # only the graph holds this object: alive after I exactly while the graph keeps it
+        packed.append(weakref.ref(alias))
+        return alias
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(x)
+        root = then(out) if then is not None else out
+    _, work = backward_input(root, None if then is not None else torch.ones_like(root), [x], params)
+    del out, root
+    held = Saved()
+    for ref in packed:
+        alias = ref()
+        if alias is not None:
+            held.setdefault(alias.untyped_storage().data_ptr(), alias)
+    total = held.total()
+    del work, held
+    return total

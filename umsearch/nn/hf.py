@@ -18,10 +18,11 @@ mask (SDPA's own, or a sliding-window one where the model has a window shorter
 than the sequence). A model of another shape is refused in one line naming
 what is missing.
 
-Tied input and output embeddings (GPT-2, Gemma, small Llamas) are untied here
-(the head gets its own copy of the embedding's weight): summing a shared
-weight's gradients across the ranks that hold it is not done yet, and the
-built model's notes say so (:data:`UNTIED_NOTE`).
+Tied input and output embeddings (GPT-2, Gemma, small Llamas) stay tied: the
+first and the last layer hold the same parameter, marked with both layers
+(:func:`~umsearch.nn.tied.mark_tied`), so that the runtime sums its
+gradient across the ranks of the two stages that hold it
+(:mod:`umsearch.runtime.tied`); on one rank autograd adds the two uses.
 """
 
 from __future__ import annotations
@@ -39,12 +40,11 @@ from umsearch.core.errors import ModelSpecError
 from umsearch.core.model_spec import HF_PREFIX
 from umsearch.nn.adapters import HiddenState
 from umsearch.nn.spec import BuiltModel
+from umsearch.nn.tied import mark_tied
 
 DEFAULT_SEQ = 128
 """Tokens per sample unless ``seq`` says otherwise."""
 MAX_SEQ = 1 << 17
-UNTIED_NOTE = ("{source} ties its input and output embeddings; umsearch trains them untied (the head starts as a "
-               "copy of the embedding), as summing a shared weight's gradients across ranks is not done yet")
 _LAYER_LISTS = ("layers", "h", "blocks")
 _NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 _SCALED_EMBEDDINGS = ("gemma", "gemma2")
@@ -53,7 +53,7 @@ transformers, by the embedding module itself (its ``embed_scale``) in newer ones
 
 
 def _config(name: str, overrides: dict[str, Any]) -> tuple[Any, bool]:
-    """The config with ``overrides``, every dropout off, untied; and whether the model ties its embeddings."""
+    """The config with ``overrides`` and every dropout off; and whether the model ties its embeddings."""
     from transformers import AutoConfig
 
     if not name:
@@ -89,10 +89,8 @@ def _config(name: str, overrides: dict[str, Any]) -> tuple[Any, bool]:
         token = getattr(config, key, None)
         if isinstance(token, int) and not 0 <= token < config.vocab_size:
             setattr(config, key, None)
-    was_tied = bool(getattr(config, "tie_word_embeddings", False))
-    config.tie_word_embeddings = False
     config.use_cache = False
-    return config, was_tied
+    return config, bool(getattr(config, "tie_word_embeddings", False))
 
 
 def _first(owner: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] | None:
@@ -170,19 +168,20 @@ def build_hf(source: str, args: dict[str, Any]) -> BuiltModel:
     seq = overrides.pop("seq", DEFAULT_SEQ)
     if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_SEQ:
         raise ModelSpecError(f"{source}: seq={seq!r} must be an integer from 1 to {MAX_SEQ}")
-    config, was_tied = _config(name, overrides)
+    config, tied = _config(name, overrides)
     _check_size(source, config)
     try:
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     except ValueError as exc:
         raise ModelSpecError(f"{source}: {str(exc).splitlines()[0]}; it must be a causal language model") from None
     built = _split(source, model, config, seq)
-    if not was_tied:
-        return built
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    with torch.no_grad():
-        head.weight.copy_(embed.weight)  # as tied at the start; they part as they train
-    return BuiltModel(built.layers, built.names, built.make_batch, built.loss, notes=(UNTIED_NOTE.format(source=source),))
+    if tied and head.weight is not embed.weight:
+        raise ModelSpecError(f"{source}: the config ties the input and output embeddings but "
+                             f"{type(model).__name__} built them apart; untie them with --arg tie_word_embeddings=false")
+    if head.weight is embed.weight:
+        mark_tied(head.weight, (0, len(built.layers) - 1))
+    return built
 
 
 def _available_bytes() -> float:

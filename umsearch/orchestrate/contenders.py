@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from umsearch.core.plan import Plan
-from umsearch.core.plan_io import plan_from_json
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.factory import ModelFactory
 from umsearch.runtime.run_plan import StepResult, merge_step
@@ -157,7 +156,7 @@ class _ScheduleJob:
         return ms
 
 
-def mixed_worker(rank: int, world: int, jobs: Sequence[tuple[str, dict[str, Any], str | None]], factory: ModelFactory,
+def mixed_worker(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str | None]], factory: ModelFactory,
                  cfg: RunConfig, rounds: int) -> list[list[Any]]:  # fmt: skip
     """Launch target: per round, per job (job order), this rank's stats (umsearch) or wall ms (torch).
 
@@ -179,7 +178,7 @@ def mixed_worker(rank: int, world: int, jobs: Sequence[tuple[str, dict[str, Any]
     return out
 
 
-def make_runners(rank: int, world: int, jobs: Sequence[tuple[str, dict[str, Any], str | None]], factory: ModelFactory,
+def make_runners(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str | None]], factory: ModelFactory,
                  cfg: RunConfig) -> list[Any]:  # fmt: skip
     """This rank's runner of every job (job order), each with ``step(step)``; collective (every rank makes
     the same groups in the same order)."""
@@ -189,10 +188,9 @@ def make_runners(rank: int, world: int, jobs: Sequence[tuple[str, dict[str, Any]
     runners: list[Any] = [None] * len(jobs)
     # torch's jobs first, so that a plan cut like a torch schedule's runs on that schedule's very stage objects.
     for i in sorted(range(len(jobs)), key=lambda i: jobs[i][0] != "torch"):
-        kind, plan_json, schedule = jobs[i]
-        plan = plan_from_json(plan_json)
+        kind, plan, schedule = jobs[i]
         if kind == "umsearch" and plan.data_parallel > 1:
-            runners[i] = RankSession(rank, world, plan, factory, cfg, shared.comms)  # parsed once, above
+            runners[i] = RankSession(rank, world, plan, factory, cfg, shared.comms)
         else:
             assert (kind == "torch") == (schedule is not None)
             runners[i] = _ScheduleJob(plan, schedule, shared)
@@ -209,7 +207,7 @@ def machine(factory: ModelFactory, cfg: RunConfig) -> MeasureFn:
         if len(ranks) != 1:
             raise ValueError(f"contenders on different rank counts {sorted(ranks)} cannot run in one launch")
         world = ranks.pop()
-        jobs = [(e.runtime, e.plan.to_json(), e.schedule) for e in entries]
+        jobs = [(e.runtime, e.plan, e.schedule) for e in entries]  # checked Plans, pickled to the ranks
         per_rank = launch(mixed_worker, world, (jobs, factory, cfg, rounds), cfg.launch)
         out = []
         for i, e in enumerate(entries):

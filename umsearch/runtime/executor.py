@@ -43,9 +43,10 @@ on, so posting, assembling and sending count, waiting does not. With
 A data-parallel plan (docs/model.md section 9) runs one executor per rank of
 every replica, each given its replica's own ``B / D`` samples and a
 :class:`~umsearch.runtime.gradsync.GradSync`: once the rank's last ``B``/``W``
-of a stage has ended, that stage's gradients start their all-reduce across the
-stage's copies (asynchronously, while the rank runs the rest of its list);
-the iteration waits for them all before the optimizer steps.
+of a stage runs, that stage's gradients start their all-reduce across the
+stage's copies, bucket by bucket as they complete (asynchronously, while the
+rank runs the rest of its list); the iteration waits for them all before the
+optimizer steps.
 
 Setup is the lowering's, linear in the plan (plans may hold 100,000 microbatches).
 """
@@ -75,6 +76,7 @@ from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.messages import assemble
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
 from umsearch.runtime.stage import LossFn, StageCompute, rows_of
+from umsearch.runtime.tied import TiedGrads
 from umsearch.runtime.timing import LayerRecord, StampClock
 
 
@@ -132,6 +134,9 @@ class StageExecutor:
     ``program``: this rank's :class:`~umsearch.core.program.RankProgram` of the (checked) plan, lowered
     once by the caller (:func:`~umsearch.core.program.lower`); without, the executor checks the plan and
     lowers its own rank.
+    ``tied``: the weights this rank shares with stages on other ranks, their gradients summed with those
+    ranks after the backward (:mod:`umsearch.runtime.tied`); default: the parameters the model builder
+    marked (:func:`~umsearch.nn.tied.mark_tied`), ranks laid out as ``umsearch run`` lays them out.
     """
 
     def __init__(
@@ -151,6 +156,7 @@ class StageExecutor:
         keep_outputs: bool = False,
         forward_only: bool = False,
         program: RankProgram | None = None,
+        tied: TiedGrads | None = None,
     ) -> None:
         if program is None:  # a program is lowered from a plan checked already
             validate_plan(plan)
@@ -189,6 +195,9 @@ class StageExecutor:
         self.precision = precision if isinstance(precision, Precision) else Precision(precision or "fp32")
         self.scaler = LossScaler() if self.precision.scales_loss else None
         self.stages = self._stage_computes(stage_modules, loss_fn, layer_timing, mean_loss, keep_outputs)
+        self.tied = tied if tied is not None else TiedGrads.for_run(
+            plan, rank, dict(zip(self.mine, stage_modules, strict=True)),
+            grad_sync.placement.replica if grad_sync is not None else 0)  # fmt: skip
         n = len(program.channels)
         self.shapes: list[SampleShape | None] = [None] * n
         self.buffers: list[dict[int, torch.Tensor]] = [{} for _ in range(n)]
@@ -344,6 +353,8 @@ class StageExecutor:
                   for k, v in (model_kwargs or {}).items()}  # fmt: skip
         if self.optimizer is not None and not self.forward_only:
             self.optimizer.zero_grad(set_to_none=True)
+        if not self.forward_only:
+            self.tied.begin()
         if not self.shapes_known:
             self._handshake(x_all, kwargs)
         elif x_all is not None and of_tensor(x_all, "the inputs") != self.in_shapes[0]:
@@ -361,11 +372,14 @@ class StageExecutor:
         self.clock.reset()
         stamps = []
         with torch.no_grad() if self.forward_only else nullcontext():
+            sync = self.grad_sync
             for step in self.program.steps:
-                stamps.append(self._run_step(step, x_all))
                 done = step.ends_backward_of
-                if done is not None and self.grad_sync is not None:
-                    self.grad_sync.start(done, self.stages[done].params)
+                if done is not None and sync is not None:  # its buckets all-reduce during this step
+                    sync.arm(done, self.stages[done], self.plan.bucket_mib)
+                stamps.append(self._run_step(step, x_all))
+                if done is not None and sync is not None:
+                    sync.start(done, self.stages[done].params)
         for pending in self.sends.values():
             while pending:
                 handle, _, what = pending.popleft()
@@ -376,6 +390,7 @@ class StageExecutor:
             reduced = self.clock.stamp()
         if self.forward_only:
             return self._stats(stamps, reduced)
+        self.tied.sum()
         finite = self.scaler is None or self.scaler.unscale_and_update(self._params(), self.device)
         if self.optimizer is not None and finite:
             self.optimizer.step()
@@ -394,7 +409,8 @@ class StageExecutor:
         return last.outputs() if last is not None else None
 
     def _params(self) -> list[torch.Tensor]:
-        return [p for s in self.stages.values() for p in s.module.parameters()]
+        # A weight tied between two stages of this rank is one parameter: unscaled once.
+        return list({id(p): p for s in self.stages.values() for p in s.module.parameters()}.values())
 
     def _run_step(self, step: Step, x_all: torch.Tensor | None) -> tuple[int, int]:
         """Run one step of the program; its start and end stamps."""

@@ -2,27 +2,28 @@
 
 A plan made by the search names its model under ``model``; a hand-written
 plan may instead name a profile whose ``model_spec`` says it; the user may
-name one with ``--model``. :func:`resolve_plan` applies the one rule about
-code (:mod:`umsearch.core.model_spec`): a zoo model, or a model the user
-named, is built; any other model a data file names is built only with
-``--trust-model-code``. The launcher and every rank call it with the same
-:class:`~umsearch.runtime.config.ModelChoice`, so a plan started straight with
-torchrun on a cluster is held to the same rule.
+name one with ``--model`` (:func:`user_model`). The plan file's gate,
+:func:`umsearch.core.loader.load_plan_file`, resolves which model it is;
+:func:`require_trusted` applies the one rule about code
+(:mod:`umsearch.core.model_spec`): a zoo model, or a model the user named, is
+built; any other model a data file names is built only with
+``--trust-model-code``. The launcher and every rank pass the gate the same
+:class:`~umsearch.runtime.config.ModelChoice` (its profile, :func:`user_model`
+and its trust), so a plan started straight with torchrun on a cluster is held
+to the same rule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from umsearch.core.errors import ModelSpecError, PlanError, ProfilingError
-from umsearch.core.loader import LoadedPlan, load_plan_file
+from umsearch.core.loader import LoadedPlan
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.runtime.config import ModelChoice
 
@@ -42,19 +43,6 @@ ModelFactory = Callable[[], ModelLike]
 """Builds the same model (same weights) every time it is called; must be picklable."""
 
 
-def _file_args(loaded: LoadedPlan, source: str) -> dict[str, Any] | None:
-    """The arguments the plan (else its profile) gives model ``source``; None when it names another."""
-    raw = loaded.document.meta.get("model")
-    if raw is None and loaded.profile is not None:
-        raw = loaded.profile.extra.get("model_spec")
-    if isinstance(raw, dict) and raw.get("source") == source:
-        try:
-            return ModelSpec.from_json(raw, "the plan's model", trust=True).args
-        except ModelSpecError as exc:
-            raise PlanError(f"{loaded.path}: {exc}") from None
-    return None
-
-
 def user_model(choice: ModelChoice) -> ModelSpec | None:
     """The model the user named with ``--model`` / ``--arg`` (trusted), or None."""
     if choice.model is None:
@@ -64,24 +52,6 @@ def user_model(choice: ModelChoice) -> ModelSpec | None:
         return None
     args = dict(parse_arg(a) for a in choice.model_args)
     return ModelSpec.from_json({"source": choice.model, "args": args}, "--model", trust=True)
-
-
-def resolve_plan(path: str | os.PathLike[str], choice: ModelChoice, *, require_profile: bool = False) -> LoadedPlan:
-    """Load the plan file with its profile and model under the trust rule of the module docstring.
-
-    ``--model`` replaces the file's model; given without ``--arg`` and naming
-    the model the file names, the file's arguments are kept. Nothing is
-    imported or built here: :func:`umsearch.nn.models.build_model`
-    refuses an untrusted spec, and :func:`require_trusted` says so earlier.
-    """
-    override = user_model(choice)
-    loaded = load_plan_file(path, profile=choice.profile, model=override,
-                            trust_model_code=choice.trust_model_code, require_profile=require_profile)  # fmt: skip
-    if override is not None and not choice.model_args:
-        args = _file_args(loaded, override.source)
-        if args:
-            loaded = dataclasses.replace(loaded, model=dataclasses.replace(override, args=args))
-    return loaded
 
 
 def require_trusted(loaded: LoadedPlan) -> ModelSpec:

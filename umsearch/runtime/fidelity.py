@@ -163,11 +163,11 @@ def rotation(n: int, round_index: int) -> list[int]:
     return [(round_index + i) % n for i in range(n)]
 
 
-def rounds_worker(rank: int, world_size: int, jobs: Sequence[tuple[Plan | dict[str, Any], Any]], cfg: RunConfig,
+def rounds_worker(rank: int, world_size: int, jobs: Sequence[tuple[Plan, Any]], cfg: RunConfig,
                   rounds: int) -> list[list[Any]]:  # fmt: skip
-    """Launch target: ``rounds`` rounds of every ``(plan, model factory)`` job in rotated order (a checked
-    :class:`Plan`, or plan JSON parsed once here);
-    per round, per job (in job order), this rank's stats of the measured iteration.
+    """Launch target: ``rounds`` rounds of every ``(plan, model factory)`` job in rotated order (a
+    :class:`Plan` the launcher checked, pickled); per round, per job (in job order), this rank's stats of
+    the measured iteration.
 
     Each job runs ``cfg.warmup_steps`` iterations before the one measured, so
     every measurement comes warm whatever ran before it.

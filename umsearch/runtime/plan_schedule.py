@@ -29,6 +29,9 @@ Semantics, as torch's schedules promise them for equal chunks:
   by the global batch, as torchtitan's does), and ``losses`` gets ``loss_fn``'s
   values as they are.
 
+A weight tied across stages on different ranks (input and output embeddings) gets the gradient of all its
+uses on every rank that holds it (:mod:`umsearch.runtime.tied`), so the copies step alike.
+
 Gradients accumulate across steps as with torch's schedules: zero them and
 step the optimizer in the loop. ``eval`` runs the forwards only.
 """
@@ -46,12 +49,13 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from umsearch.core.deps import check_deadlock
 from umsearch.core.errors import PlanError
+from umsearch.core.loader import load_plan_file
 from umsearch.core.plan import Plan
-from umsearch.core.plan_io import load_plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.program import lower_rank
 from umsearch.runtime.comm import Comm, RankComm, plan_links
 from umsearch.runtime.executor import IterationStats, StageExecutor
+from umsearch.runtime.tied import Tie, TiedGrads, marked_ties, ties_by_name
 
 PlanLike = Plan | str | os.PathLike[str]
 """A plan, or the path of a plan file (``umsearch.plan/2``)."""
@@ -67,15 +71,20 @@ class PlanSchedule(_PipelineSchedule):
     of the forwards (``bf16``/``fp16``; None runs the modules as they are).
     ``comm``: the links to the other ranks (default: made from the stages'
     group; every process of the default group must build its schedule then,
-    as with any process-group creation). Every mismatch between the plan and
+    as with any process-group creation). ``tied``: weights shared by stages on different ranks, each as
+    ``{stage: parameter name in its module}`` (the same list on every rank; default: the weights the model
+    builder marked, :func:`~umsearch.nn.tied.mark_tied`); after each ``step`` their gradients are summed
+    across the ranks that hold them. Every mismatch between the plan and
     the stages raises :class:`~umsearch.core.errors.PlanError` naming both.
     """
 
     def __init__(self, stages: _PipelineStageBase | Sequence[_PipelineStageBase], plan: PlanLike,
                  loss_fn: Callable[..., torch.Tensor] | None = None, *, scale_grads: bool = True,
-                 precision: str | None = None, comm: Comm | None = None) -> None:  # fmt: skip
+                 precision: str | None = None, comm: Comm | None = None,
+                 tied: Sequence[Tie] | None = None) -> None:  # fmt: skip
         mine = [stages] if isinstance(stages, _PipelineStageBase) else sorted(stages, key=lambda s: s.stage_index)
-        self.plan = validate_plan(plan) if isinstance(plan, Plan) else load_plan(plan)  # checked once
+        self.plan = validate_plan(plan) if isinstance(plan, Plan) else \
+            load_plan_file(plan, allow_missing_profile=True).plan  # checked once  # fmt: skip
         check_deadlock(self.plan)
         self.rank = check_stages(self.plan, mine)
         self._stages = mine
@@ -83,12 +92,23 @@ class PlanSchedule(_PipelineSchedule):
         device = mine[0].device
         if comm is None and self.plan.ranks > 1:
             comm = stage_comm(self.plan, mine[0].group, device)
-        self.executor = StageExecutor(self.plan, self.rank, [s.submod for s in mine], loss_fn, comm, device=device,
+        self._loss_kwargs: dict[str, Any] = {}
+        loss = self._loss_with_kwargs if loss_fn is not None else None
+        self.executor = StageExecutor(self.plan, self.rank, [s.submod for s in mine], loss, comm, device=device,
                                       precision=precision, mean_loss=scale_grads, keep_outputs=True,
-                                      program=lower_rank(self.plan, self.rank))  # fmt: skip
+                                      program=lower_rank(self.plan, self.rank), tied=self._tied(tied))  # fmt: skip
         self._eval: StageExecutor | None = None
         self.stats: IterationStats | None = None
         """What the last ``step`` measured on this rank (every action's times)."""
+
+    def _tied(self, tied: Sequence[Tie] | None) -> TiedGrads:
+        """This rank's tied weights (``tied``, else the model builder's marks) on the stages' group."""
+        modules = {s.stage_index: s.submod for s in self._stages}
+        group = self._stages[0].group
+        world = [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))] \
+            if group is not None and dist.is_initialized() else list(range(self.plan.ranks))  # fmt: skip
+        ties = marked_ties(self.plan, modules) if tied is None else ties_by_name(self.plan, modules, tied)
+        return TiedGrads(self.rank, ties, world)
 
     @property
     def holds_last(self) -> bool:
@@ -96,12 +116,29 @@ class PlanSchedule(_PipelineSchedule):
         return self.executor.needs_targets
 
     def step(self, *args: Any, target: Any = None, losses: list[Any] | None = None, return_outputs: bool = True,
+             loss_kwargs: dict[str, Any] | None = None, arg_mbs: list[Any] | None = None,
+             kwarg_mbs: list[dict[str, Any]] | None = None, target_mbs: list[Any] | None = None,
              **kwargs: Any) -> Any:  # fmt: skip
         """One iteration on the whole batch: ``step(x, target=y, losses=[])`` on the ranks of the first and
         last stages, ``step()`` elsewhere. Keyword arguments reach every stage's forward, tensors cut into each
-        microbatch's rows (as torch chunks them; torchtitan passes ``input_batch=...``). Returns the last stage's outputs of the whole batch on its rank
-        (``return_outputs``), else None."""
+        microbatch's rows (as torch chunks them; torchtitan passes ``input_batch=...``); ``loss_kwargs`` reach
+        ``loss_fn`` (torchtitan's ``global_valid_tokens``). Returns the last stage's outputs of the whole batch
+        on its rank (``return_outputs``), else None.
+
+        torchtitan's trainer (0.3) hands over its own equal microbatches instead, ``step(arg_mbs=[(x_0,), ...],
+        kwarg_mbs=[{...}, ...], target_mbs=[y_0, ...], losses=..., loss_kwargs=...)``: they are joined back into
+        the batch, in order, and cut into the plan's microbatches."""
+        if arg_mbs is not None or kwarg_mbs is not None or target_mbs is not None:
+            if args or kwargs or target is not None:
+                raise PlanError("step takes the whole batch (x, target=..., keywords) or torchtitan's microbatch "
+                                "lists (arg_mbs=, kwarg_mbs=, target_mbs=), not both")  # fmt: skip
+            args, kwargs, target = joined_microbatches(arg_mbs, kwarg_mbs, target_mbs)
+        self._loss_kwargs = dict(loss_kwargs or {})
         return self._run(self.executor, args, kwargs, target, losses, return_outputs)
+
+    def _loss_with_kwargs(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        assert self._loss_fn is not None
+        return self._loss_fn(output, target, **self._loss_kwargs)
 
     def eval(self, *args: Any, target: Any = None, losses: list[Any] | None = None, **kwargs: Any) -> Any:
         """The forwards of one iteration only, without autograd (every rank must call ``eval`` alike)."""
@@ -147,6 +184,36 @@ class PlanSchedule(_PipelineSchedule):
                            return_outputs: bool = True, loss_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
         raise PlanError("a PlanSchedule cuts the batch into the plan's microbatches itself (they may differ per "
                         "stage); call step(whole_batch, target=...) instead of passing microbatches")  # fmt: skip
+
+
+def _cat(parts: Sequence[Any], what: str) -> Any:
+    """Tensors joined on dim 0; any other value must be the same in every microbatch."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(list(parts))
+    if any(p is not parts[0] and p != parts[0] for p in parts):
+        raise PlanError(f"{what} differs between microbatches and is not a tensor: PlanSchedule cannot join it "
+                        "into one batch; pass the whole batch to step instead")  # fmt: skip
+    return parts[0]
+
+
+def joined_microbatches(arg_mbs: list[Any] | None, kwarg_mbs: list[dict[str, Any]] | None,
+                        target_mbs: list[Any] | None) -> tuple[tuple[Any, ...], dict[str, Any], Any]:  # fmt: skip
+    """The whole batch of torch's microbatch lists (as torchtitan's trainer makes them): positional inputs,
+    keyword inputs and target, each joined on dim 0 in microbatch order."""
+    args: tuple[Any, ...] = ()
+    if arg_mbs:
+        width = {len(a) for a in arg_mbs}
+        if len(width) != 1:
+            raise PlanError(f"arg_mbs hold {sorted(width)} positional inputs; every microbatch must hold as many")
+        args = tuple(_cat([a[i] for a in arg_mbs], f"positional input {i}") for i in range(width.pop()))
+    kwargs: dict[str, Any] = {}
+    if kwarg_mbs:
+        keys = {tuple(sorted(k)) for k in kwarg_mbs}
+        if len(keys) != 1:
+            raise PlanError(f"kwarg_mbs name different keywords in different microbatches: {sorted(keys)}")
+        kwargs = {k: _cat([m[k] for m in kwarg_mbs], f"keyword input {k!r}") for k in keys.pop()}
+    target = _cat(list(target_mbs), "the target") if target_mbs else None
+    return args, kwargs, target
 
 
 def check_stages(plan: Plan, stages: Sequence[_PipelineStageBase]) -> int:

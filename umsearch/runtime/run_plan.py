@@ -16,6 +16,7 @@ from umsearch.core.cost import CostModel
 from umsearch.core.errors import OutputError
 from umsearch.core.outputs import check_output_file
 from umsearch.core.plan import Plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.runtime.config import ModelChoice, RunConfig, to_argv
 from umsearch.runtime.launch import launch, launch_entry
 from umsearch.runtime.placement import world_size
@@ -148,8 +149,9 @@ def merge(reports: Sequence[StageReport]) -> RunResult:
 
 def run_plan(plan: Plan, factory: ModelFactory, cfg: RunConfig | None = None, cost: CostModel | None = None,
              *, preflighted: bool = False) -> RunResult:  # fmt: skip
-    """Check ``plan`` (deadlock, profile, the model's layers) and run it on one torchrun process per rank
-    and replica.
+    """Check ``plan`` (:func:`~umsearch.core.plan_rules.validate_plan`, nothing again for a plan this process
+    checked already; deadlock, profile, the model's layers) and run it on one torchrun process per rank
+    and replica, each given the checked plan pickled.
 
     ``factory`` must be picklable (a module-level function or a partial of
     one): every rank calls it to rebuild the same model. ``preflighted``: the
@@ -159,6 +161,7 @@ def run_plan(plan: Plan, factory: ModelFactory, cfg: RunConfig | None = None, co
     from umsearch.runtime.preflight import preflight
     from umsearch.runtime.worker import stage_worker
 
+    validate_plan(plan)
     cfg = cfg or RunConfig()
     if cfg.check and not preflighted:
         preflight(plan, factory, cost)

@@ -48,6 +48,7 @@ import torch
 from umsearch.core.actions import Kind
 from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Stage
+from umsearch.core.plan_rules import gradient_kind
 from umsearch.core.samples import all_overlaps, cumulative
 from umsearch.nn.backward import WeightWork, backward_full, backward_input, backward_weight
 from umsearch.nn.precision import LossScaler, Precision
@@ -265,7 +266,7 @@ class StageCompute:
         microbatch (None on the first stage, or where no gradient reaches the
         input). After ``I``, :meth:`weight` must run for ``k``.
         """
-        kind: Kind = "I" if split else "B"
+        kind = gradient_kind(split)
         n = self.stage.backward[k]
         built = self._rebuild(k, pieces=split or self.clock is not None) if self.stage.recompute else self.run.graphs.pop(k)
         works: list[tuple[int | None, WeightWork]] = []

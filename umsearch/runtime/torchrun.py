@@ -3,7 +3,8 @@
     torchrun --nnodes=N --nproc-per-node=K ... -m umsearch.runtime.torchrun PLAN.json --steps=20 ...
 
 Each rank loads the plan with its profile and model exactly as ``umsearch run``
-does (:func:`umsearch.runtime.factory.resolve_plan`: a model that the plan or
+does (the gate :func:`umsearch.core.loader.load_plan_file`, then
+:func:`umsearch.runtime.factory.require_trusted`: a model that the plan or
 profile file names runs only if it is a zoo model, named again with
 ``--model``, or allowed with ``--trust-model-code``), checks that torchrun
 started one process per rank of every replica (``R x D``), sets its torch threads (on CPU also
@@ -47,7 +48,7 @@ from typing import Any
 
 from umsearch.core.errors import RuntimeExecutionError, UmsearchError
 from umsearch.core.jsonio import write_json
-from umsearch.core.options import Setting
+from umsearch.core.options import Setting, kind_rule
 from umsearch.core.plan import Plan
 from umsearch.runtime.config import (
     LaunchConfig,
@@ -80,11 +81,12 @@ def parser() -> argparse.ArgumentParser:
     for row in flags("ranks"):
         opt = row.option
         helptext = argparse.SUPPRESS if opt.hidden else opt.help.replace("%", "%%")
-        if opt.kind == "switch":
+        shape = kind_rule(opt).shape
+        if shape == "switch":
             ap.add_argument(row.flag, dest=row.dest, action="store_true", help=helptext)
         else:
             ap.add_argument(row.flag, dest=row.dest, type=_arg_type(row), metavar=opt.metavar, help=helptext,
-                            action="append" if opt.kind == "multiple" else "store", default=argparse.SUPPRESS)  # fmt: skip
+                            action="append" if shape == "repeated" else "store", default=argparse.SUPPRESS)  # fmt: skip
     ap.add_argument("--result-dir", default=None, help=argparse.SUPPRESS)  # the launcher's private folder
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)  # launch(): the sealed job in that folder
     return ap
@@ -206,11 +208,13 @@ def _enter_launch(ns: argparse.Namespace, me: _Rank) -> None:
 
 def _plan_job(ns: argparse.Namespace, me: _Rank) -> tuple[Callable[..., Any], tuple[Any, ...], LaunchConfig]:
     """Target and arguments of a plan run; refuses before any peer is contacted."""
-    from umsearch.runtime.factory import require_trusted, resolve_plan, spec_factory
+    from umsearch.core.loader import load_plan_file
+    from umsearch.runtime.factory import require_trusted, spec_factory, user_model
     from umsearch.runtime.placement import check_world
 
     run, choice = configs_from_values(vars(ns))
-    loaded = resolve_plan(ns.plan, choice)
+    loaded = load_plan_file(ns.plan, profile=choice.profile, model=user_model(choice),
+                            trust_model_code=choice.trust_model_code)  # fmt: skip
     spec = require_trusted(loaded)
     plan = loaded.plan
     check_world(plan, _env_int("WORLD_SIZE", 1))

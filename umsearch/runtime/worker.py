@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from umsearch.core.plan import Plan
-from umsearch.core.plan_io import plan_from_json
 from umsearch.core.program import lower_rank
 from umsearch.nn.precision import Precision, apply_switches, check_autocast
 from umsearch.runtime.comm import Link, RankComm, plan_links
@@ -64,14 +63,16 @@ class RankSession:
     ``device``: where the stages run (default: the launcher's, ``cuda:LOCAL_RANK`` under NCCL, else the CPU).
     ``comms`` caches the process's links and gradient groups across sessions of one process: process
     groups are collective to create, so plans with the same links (and replicas) share them.
-    ``plan``: a :class:`Plan` checked already (the launcher's gate; it crosses to a spawned process
-    pickled, not re-parsed), or a decoded plan document, parsed and checked here. The session lowers
-    its rank's program once (:func:`umsearch.core.program.lower_rank`) and hands it to the executor.
+    ``plan``: a :class:`Plan` checked already (by the launcher's gate,
+    :func:`umsearch.core.loader.load_plan_file`, or
+    :func:`umsearch.core.plan_rules.validate_plan`; it crosses to a spawned
+    process pickled, never as plan JSON to re-parse): the session does not
+    check it again. It lowers its rank's program once
+    (:func:`umsearch.core.program.lower_rank`) and hands it to the executor.
     """
 
-    def __init__(self, world_rank: int, world_size: int, plan: Plan | dict[str, Any], factory: ModelFactory,
+    def __init__(self, world_rank: int, world_size: int, plan: Plan, factory: ModelFactory,
                  cfg: RunConfig, comms: GroupCache | None = None, device: torch.device | None = None) -> None:  # fmt: skip
-        plan = plan if isinstance(plan, Plan) else plan_from_json(plan)
         check_world(plan, world_size)
         self.placement = Placement.of(plan, world_rank)
         rank = self.placement.rank
@@ -144,7 +145,7 @@ class RankSession:
                 if p.grad is not None}  # fmt: skip
 
 
-def stage_worker(rank: int, world_size: int, plan: Plan | dict[str, Any], factory: ModelFactory,
+def stage_worker(rank: int, world_size: int, plan: Plan, factory: ModelFactory,
                  cfg: RunConfig) -> StageReport:  # fmt: skip
     """Run ``cfg.steps`` iterations of the process ``rank`` (its world rank); the default process group
     is initialised.

@@ -61,6 +61,7 @@ def make_optimizer(name: str, lr: float, stage_params: Sequence[Sequence[torch.T
     group's own rank); otherwise whole states (SGD has none to shard).
     """
     make = optimizer_factory(name, lr)
+    stage_params = distinct(stage_params)
     params = [p for ps in stage_params for p in ps]
     if not params:
         return None
@@ -69,6 +70,17 @@ def make_optimizer(name: str, lr: float, stage_params: Sequence[Sequence[torch.T
             shard = dist.get_rank(group)
         return Zero1Optimizer(stage_params, make, group=group, copies=copies, shard=shard)
     return make(params)
+
+
+def distinct(stage_params: Sequence[Sequence[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """Each stage's parameters less those an earlier stage already holds: a weight tied between two stages
+    of one rank (a V-shape's embedding and head) is one parameter, stepped once, not twice."""
+    seen: set[int] = set()
+    out = []
+    for ps in stage_params:
+        out.append([p for p in ps if id(p) not in seen])
+        seen.update(id(p) for p in ps)
+    return out
 
 
 @dataclass
@@ -124,7 +136,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
             raise ValueError(f"shard {shard} is outside the {copies} copies")
         self.group, self.copies, self.shard = group, copies, shard
         self.buckets: list[_Bucket] = []
-        for ps in stage_params:
+        for ps in distinct(stage_params):
             kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
             for p in ps:
                 if p.requires_grad:

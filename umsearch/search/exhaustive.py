@@ -32,7 +32,7 @@ from umsearch.core.plan import Plan, Stage
 from umsearch.core.samples import spans
 from umsearch.search.genome import Rules
 from umsearch.search.partition import all_cuts
-from umsearch.sim.reference import ActionTiming, simulate
+from umsearch.sim.reference import ActionTiming, hand_offs, simulate
 
 MAX_STRUCTURES = 20_000
 """Most structures :func:`exhaustive_optimum` enumerates."""
@@ -82,16 +82,20 @@ class _Search:
         # Memory depends on each rank's list order alone: tracked as actions are committed.
         self.room = [memory_limit - cost.state_factor * sum(cost.param_bytes(plan.stages[j].lo, plan.stages[j].hi)
                                                             for j in plan.stages_of(r)) for r in range(plan.ranks)]  # fmt: skip
+        handed = hand_offs(plan)
+        self.terms = [cost.stage_memory(st.lo, st.hi, st.recompute, j > 0 and handed[j - 1], handed[j])
+                      for j, st in enumerate(plan.stages)]  # fmt: skip
         self.delta = {a: self._delta(a) for r in acts for a in r}
         held = [spans(st.forward, st.backward) for st in plan.stages]
         # What must precede an action in its own list (docs/model.md 3).
         self.own = {a: a.must_follow(lambda j, k: held[j][k]) for r in acts for a in r}
 
     def _delta(self, a: Action) -> tuple[float, float]:
-        """(added before the peak, released after) by ``a``: docs/model.md section 5."""
-        st, c = self.plan.stages[a.stage], self.cost
+        """(added before the peak, released after) by ``a``: docs/model.md section 5, with its stage's terms
+        (:meth:`~umsearch.core.cost.CostModel.stage_memory`, hand-offs included)."""
+        st = self.plan.stages[a.stage]
         n = a.size(st.forward, st.backward)
-        return a.memory(st.recompute, c.stash_bytes(st.lo, st.hi) * n, c.input_bytes_of(st.lo) * n)
+        return a.memory(st.recompute, *(x * n for x in self.terms[a.stage]))
 
     def run(self) -> tuple[float, tuple[tuple[Action, ...], ...] | None]:
         R = self.plan.ranks

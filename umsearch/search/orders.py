@@ -21,7 +21,10 @@ relaxation), so generation never deadlocks. Each action starts at
 ``max(end of the rank's previous action, arrival of its inputs)`` and is
 timed with the shared kernels of :mod:`umsearch.sim.kernels`, so the times,
 busy times and memory this returns equal what :func:`umsearch.sim.batch.evaluate`
-computes for the generated lists (tested).
+computes for the generated lists (tested). Memory follows docs/model.md
+section 5 whole: each stage's terms (:func:`stage_memory`) are fixed before
+generation, as its rank, recompute flag and forward list, which decide its
+hand-offs, are genes.
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, prange
 
-from umsearch.core.actions import FEEDS, FORWARD_LIST, SPLIT, B, F, I, W
+from umsearch.core.actions import BACKWARD_START, FEEDS, FORWARD_LIST, SPLIT, F, W
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
 from umsearch.sim import kernels
-from umsearch.sim.batch import ArrayPlan, FloatArray, IntArray, offsets
+from umsearch.sim.batch import ArrayPlan, FloatArray, IntArray, offsets, stage_memory
 from umsearch.sim.jit import njit
 
 POLICIES = {
@@ -50,6 +53,9 @@ POLICIES = {
     4: "forwards first (deepest stage first) while the caps allow, then backwards, deepest first",
 }
 """How a rank picks among its ready actions (the genome's per-rank ``policy``)."""
+
+"""By the stage's split flag, the kind code that starts a backward (the kind after a forward, whole or
+split): read off :mod:`umsearch.core.actions`' tables."""
 
 
 # The generator's state, one row per quantity (numba reads these as compile-time constants).
@@ -181,8 +187,8 @@ def generate(packed: PackedGenomes, tables: CostTables, memory_limit: float) -> 
         packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, t.stage_scale(packed.lo, packed.hi),
         packed.split, packed.cap,
         packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.rank_cap, packed.w_cap,
-        packed.policy, packed.act_ptr, t.times, t.out_bytes, t.stash_prefix, t.param_prefix,
-        t.input_bytes, t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms,
+        packed.policy, packed.act_ptr, t.times, t.out_bytes, stage_memory(packed, tables), t.param_prefix,
+        t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms,
         t.message_overhead_ms_per_byte, t.state_factor,
         memory_limit, act, it, top, mem, busy, relaxed, min(n, 4 * get_num_threads()),
     )  # fmt: skip
@@ -193,7 +199,7 @@ def generate(packed: PackedGenomes, tables: CostTables, memory_limit: float) -> 
 @njit(cache=True, parallel=True)
 def _generate_all(  # type: ignore[no-untyped-def]
     stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
-    policy, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh,
+    policy, act_ptr, times, out_bytes, stage_mem, param_prefix, latency, ms_per_byte, op_oh, msg_oh,
     msg_per_byte, state_factor, memory_limit, act, it, top, mem, busy, relaxed, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
@@ -214,8 +220,8 @@ def _generate_all(  # type: ignore[no-untyped-def]
         local = np.empty(max_g, np.int64)
         for c in range(blk * n // blocks, (blk + 1) * n // blocks):
             ok = _generate_one(c, stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr,
-                               rank_ptr, rank_cap, w_cap, policy, act_ptr, times, out_bytes, stash_prefix,
-                               param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh, msg_per_byte,
+                               rank_ptr, rank_cap, w_cap, policy, act_ptr, times, out_bytes, stage_mem,
+                               param_prefix, latency, ms_per_byte, op_oh, msg_oh, msg_per_byte,
                                state_factor,
                                memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint,
                                rflt, local)  # fmt: skip
@@ -288,7 +294,7 @@ def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr
             i = first + step if shallow_first else last - 1 - step
             g = local[i]
             if backward:
-                kind = I if split[s0 + g] else B
+                kind = BACKWARD_START[int(split[s0 + g])]
                 d = _backward_at(g, kind, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base)
                 if 0.0 <= d <= now:
                     return g, kind, now
@@ -310,11 +316,11 @@ def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr
 
 
 @njit(cache=True)
-def _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param_prefix, input_bytes, state_factor,  # type: ignore[no-untyped-def]
+def _setup(s0, S, R, r0, lo, hi, rank, recompute, stage_mem, param_prefix, state_factor,  # type: ignore[no-untyped-def]
            memory_limit, n_slots, deliv, local, ints, rint, rflt, stash_in, mem, busy, link):  # fmt: skip
     """Reset the state for one candidate: nothing delivered, every rank's local stages (ascending,
     ``local[rint[LOCAL, r] : rint[LOCAL, r + 1]]``), its budget under the memory limit, and what a
-    forward of each stage adds per sample."""
+    forward of each stage adds per sample (from ``stage_mem``, :func:`stage_memory`)."""
     deliv[:n_slots] = -1.0
     n_loc = 0
     for r in range(R):
@@ -333,14 +339,15 @@ def _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param
     link[:R, :R, 0] = 0.0
     for g in range(S):
         gg = s0 + g
-        stash_in[g] = kernels.memory_step(F, recompute[gg], 1, lo[gg], hi[gg], input_bytes, out_bytes, stash_prefix)[0]
+        stash_in[g] = kernels.memory_delta(F, recompute[gg], stage_mem[gg, 0], stage_mem[gg, 1], stage_mem[gg, 2],
+                                           stage_mem[gg, 3])[0]  # fmt: skip
         ints[:, g] = 0
 
 
 @njit(cache=True)
 def _generate_one(  # type: ignore[no-untyped-def]
     c, stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
-    policy, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes, latency, ms_per_byte, op_oh, msg_oh,
+    policy, act_ptr, times, out_bytes, stage_mem, param_prefix, latency, ms_per_byte, op_oh, msg_oh,
     msg_per_byte, state_factor, memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint, rflt, local,
 ):  # fmt: skip
     """Generate candidate c's lists; returns False only if no rank could go on (a bug, never expected)."""
@@ -352,8 +359,8 @@ def _generate_one(  # type: ignore[no-untyped-def]
     n_f = fwd_ptr[s1] - f_base
     kernels.link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
     stash_in = np.empty(S)  # bytes a forward adds per sample (docs/model.md 5)
-    _setup(s0, S, R, r0, lo, hi, rank, recompute, out_bytes, stash_prefix, param_prefix, input_bytes, state_factor,
-           memory_limit, n_f + bwd_ptr[s1] - b_base, deliv, local, ints, rint, rflt, stash_in, mem, busy, link)  # fmt: skip
+    _setup(s0, S, R, r0, lo, hi, rank, recompute, stage_mem, param_prefix, state_factor, memory_limit,
+           n_f + bwd_ptr[s1] - b_base, deliv, local, ints, rint, rflt, stash_in, mem, busy, link)  # fmt: skip
     link[:R, :R, 1], link[:R, :R, 2] = latency, ms_per_byte  # one link between any two ranks
     remaining = act_ptr[r1] - act_ptr[r0]
     while remaining > 0:
@@ -408,7 +415,9 @@ def _generate_one(  # type: ignore[no-untyped-def]
             dst = rank[to]
             if rint[WAITING, dst]:  # wake a waiting consumer, no earlier than its own last end
                 rflt[DECIDE_AT, dst] = min(rflt[DECIDE_AT, dst], max(arrival, rflt[LAST_END, dst]))
-        add, rel = kernels.memory_step(kind, recompute[gg], size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix)
+        # Memory (docs/model.md 5): the stage's terms per sample, times the microbatch's size.
+        add, rel = kernels.memory_delta(kind, recompute[gg], stage_mem[gg, 0] * size, stage_mem[gg, 1] * size,
+                                        stage_mem[gg, 2] * size, stage_mem[gg, 3] * size)  # fmt: skip
         rflt[LEVEL, r] += add
         mem[r0 + r] = max(mem[r0 + r], rflt[LEVEL, r])
         rflt[LEVEL, r] -= rel

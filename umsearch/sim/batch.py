@@ -11,9 +11,10 @@ while actions remain, the plan deadlocks. The loop is sequential per
 candidate with data-dependent branching, which numpy cannot vectorize, so it
 is compiled with numba (nopython, cached on disk). The timing and memory
 rules are those of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``,
-``ready_at``, ``memory_step``) spelled out inline in the per-action loop, as
-calls passing arrays cost their reference counts on every action; the action
-rules of :mod:`umsearch.core.actions` are called as compiled there.
+``ready_at``) spelled out inline in the per-action loop, as calls passing
+arrays cost their reference counts on every action; the action rules of
+:mod:`umsearch.core.actions` are called as compiled there. Memory reads each
+stage's docs/model.md 5 terms, computed once per call (:func:`stage_memory`).
 
 Candidates travel as :class:`ArrayPlan`: a few flat numpy arrays per plan,
 no Python object per action, so packing a population is a handful of
@@ -24,8 +25,10 @@ into one and :func:`decode` turns one back. An action is one int64 code
 Data-parallel replicas on a cluster (docs/model.md section 9) stay outside the
 per-action loop: replicas whose ranks share nodes alike time identically, so
 the loop runs once per distinct pattern (a **run**), each with its own
-per-rank-pair link table, and a small pass after it chains every rank's
-all-reduces from the stages' last backward ends.
+per-rank-pair link table, and a small pass after it cuts every stage into its
+gradient buckets, readies each within the stage's last backward and chains
+every rank's bucket all-reduces (the rules of :mod:`umsearch.core.cluster`,
+compiled).
 """
 
 from __future__ import annotations
@@ -33,13 +36,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 from numba import get_num_threads, prange
 
+from umsearch.core import cluster as cl
 from umsearch.core.actions import MAX_STAGES, Action, F
-from umsearch.core.cluster import DEFAULT_LAYOUT, Cluster, copies_span_nodes, device, ms_per_byte
+from umsearch.core.cluster import (
+    DEFAULT_BUCKET_MIB,
+    DEFAULT_LAYOUT,
+    Cluster,
+    bucket_cap_bytes,
+    copies_span_nodes,
+    device,
+    ms_per_byte,
+)
 from umsearch.core.cost import CostTables
 from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, Stage
@@ -51,6 +64,7 @@ from umsearch.sim.kernels import (
     consumer_stage,
     device_state_factor,
     ends_backward,
+    hands_on,
     link_producers,
     memory_delta,
     on_forward_list,
@@ -59,6 +73,11 @@ from umsearch.sim.kernels import (
     sent_boundary,
     source_stage,
 )
+
+bucket_firsts = njit(cache=True)(cl.bucket_firsts)
+bucket_ready_ms = njit(cache=True)(cl.bucket_ready_ms)
+chain_allreduces = njit(cache=True)(cl.chain_allreduces)
+ring_ms = njit(cache=True)(cl.ring_ms)
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -106,6 +125,8 @@ class ArrayPlan:
     """``dp_inner`` or ``pp_inner``: which device each replica's rank is."""
     zero1: bool = False
     """Whether optimizer states are sharded over the replicas."""
+    bucket_mib: float | None = DEFAULT_BUCKET_MIB
+    """Gradient bucket cap in MiB (docs/model.md 9); None: one bucket per stage (version 2.2)."""
 
     @property
     def stages(self) -> int:
@@ -129,6 +150,7 @@ def encode(plan: Plan) -> ArrayPlan:
         bwd_len=np.array([len(s.backward) for s in st], dtype=np.int64),
         act=np.array(codes, dtype=np.int64), act_len=np.array([len(a) for a in plan.actions], dtype=np.int64),
         replicas=plan.data_parallel, cluster=plan.cluster, layout=plan.layout, zero1=plan.zero1,
+        bucket_mib=plan.bucket_mib,
     )  # fmt: skip
 
 
@@ -147,7 +169,7 @@ def decode(ap: ArrayPlan) -> Plan:
         for r in range(ap.ranks)
     )
     return Plan(global_batch=ap.batch, ranks=ap.ranks, stages=stages, actions=actions, data_parallel=ap.replicas,
-                cluster=ap.cluster, layout=ap.layout, zero1=ap.zero1)  # fmt: skip
+                cluster=ap.cluster, layout=ap.layout, zero1=ap.zero1, bucket_mib=ap.bucket_mib)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +212,8 @@ class PackedPlans:
     """Flat node of each rank of each run's replica."""
     stage_link: IntArray
     """Per stage, the link its all-reduce uses: 0 the profile's, 1 intra, 2 inter."""
+    bucket_bytes: FloatArray
+    """(N,) each candidate's gradient bucket cap in bytes (``inf``: one bucket per stage)."""
 
     @property
     def size(self) -> int:
@@ -232,6 +256,7 @@ def _replica_fields(candidates: Sequence[ArrayPlan]) -> dict[str, npt.NDArray[np
     out: dict[str, npt.NDArray[np.generic]] = {
         "replicas": np.array([c.replicas for c in candidates], dtype=np.int64),
         "zero1": np.array([c.zero1 for c in candidates], dtype=np.bool_),
+        "bucket_bytes": np.array([bucket_cap_bytes(c.bucket_mib) for c in candidates], dtype=np.float64),
     }
     if all(c.cluster is None for c in candidates):
         return out | {"links": np.zeros((n, 4)), "run_ptr": np.arange(n + 1, dtype=np.int64),
@@ -315,13 +340,14 @@ def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
     mem, busy, ends = np.zeros(n_ranks), np.zeros(n_ranks), np.zeros(n_ranks)
     spans = np.full((packed.lo.shape[0], 3), np.nan)
     t = tables
+    ar_latency, ar_per_byte = allreduce_links(packed, tables)
     _evaluate_all(
         packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, t.stage_scale(packed.lo, packed.hi),
         packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.act, packed.act_ptr,
-        t.times, t.out_bytes, t.stash_prefix, t.param_prefix, t.input_bytes,
+        t.times, t.out_bytes, stage_memory(packed, tables), t.param_prefix, t.input_bytes,
         t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms, t.message_overhead_ms_per_byte,
         t.state_factor, packed.replicas, packed.zero1, packed.links, packed.run_ptr, packed.node_ptr,
-        packed.run_node, allreduce_times(packed, tables),
+        packed.run_node, ar_latency, ar_per_byte, packed.bucket_bytes,
         it, dead, top, comp, ar_end, spans, mem, busy, ends, min(n, 4 * get_num_threads()),
     )  # fmt: skip
     return BatchResult(iteration_ms=it, compute_end_ms=comp, allreduce_end_ms=ar_end, allreduce_span_ms=spans,
@@ -329,15 +355,68 @@ def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
                        rank_ptr=packed.rank_ptr, stage_ptr=packed.stage_ptr)  # fmt: skip
 
 
-def allreduce_times(packed: PackedPlans, tables: CostTables) -> FloatArray:
-    """Per stage (all candidates), its ring all-reduce over the candidate's replicas (docs/model.md 9; 0
-    with one replica): ``2 (D-1)/D * P_j * ms_per_byte + 2 (D-1) * latency`` on its link."""
+def allreduce_links(packed: PackedPlans, tables: CostTables) -> tuple[FloatArray, FloatArray]:
+    """Per stage (all candidates), the latency and ms per byte of the link its copies all-reduce over
+    (docs/model.md 9): the profile's without a cluster, else intra or inter."""
     counts = np.diff(packed.stage_ptr)
-    d = np.repeat(packed.replicas, counts).astype(np.float64)
     links = np.repeat(packed.links, counts, axis=0)
     cls = packed.stage_link
     lat = np.where(cls == 0, tables.latency_ms, np.where(cls == 1, links[:, 0], links[:, 2]))
     per_byte = np.where(cls == 0, tables.ms_per_byte, np.where(cls == 1, links[:, 1], links[:, 3]))
+    return lat, per_byte
+
+
+class StagesOfCandidates(Protocol):
+    """What :func:`stage_memory` reads of a population: packed plans, or the order generator's genomes."""
+
+    @property
+    def stage_ptr(self) -> IntArray: ...
+    @property
+    def rank(self) -> IntArray: ...
+    @property
+    def recompute(self) -> BoolArray: ...
+    @property
+    def fwd(self) -> IntArray: ...
+    @property
+    def fwd_ptr(self) -> IntArray: ...
+    @property
+    def lo(self) -> IntArray: ...
+    @property
+    def hi(self) -> IntArray: ...
+
+
+def stage_memory(packed: StagesOfCandidates, tables: CostTables) -> FloatArray:
+    """(stages, 4) every stage's docs/model.md 5 terms per sample (:func:`umsearch.core.cost.stage_memory`),
+    with its hand-offs on the same rank (:func:`umsearch.sim.reference.hand_offs`, here by candidate): they
+    depend on ranks, recompute flags and forward lists alone, never on the order of the actions."""
+    hand_out = _hand_offs(packed.stage_ptr, packed.rank, packed.recompute, packed.fwd, packed.fwd_ptr)
+    hand_in = np.concatenate([[False], hand_out[:-1]])  # a candidate's last stage hands nothing on
+    return tables.stage_memory(packed.lo, packed.hi, packed.recompute, hand_in, hand_out)
+
+
+@njit(cache=True)
+def _hand_offs(stage_ptr, rank, recompute, fwd, fwd_ptr):  # type: ignore[no-untyped-def]
+    """Per stage (all candidates), :func:`~umsearch.core.actions.hands_on` to the next stage of its candidate."""
+    out = np.zeros(rank.shape[0], np.bool_)
+    for c in range(stage_ptr.shape[0] - 1):
+        for g in range(stage_ptr[c], stage_ptr[c + 1] - 1):
+            n = fwd_ptr[g + 1] - fwd_ptr[g]
+            same = n == fwd_ptr[g + 2] - fwd_ptr[g + 1]
+            for k in range(n if same else 0):
+                if fwd[fwd_ptr[g] + k] != fwd[fwd_ptr[g + 1] + k]:
+                    same = False
+                    break
+            out[g] = hands_on(rank[g] == rank[g + 1], recompute[g], recompute[g + 1], same)
+    return out
+
+
+def allreduce_times(packed: PackedPlans, tables: CostTables) -> FloatArray:
+    """Per stage (all candidates), its whole ring all-reduce over the candidate's replicas (version 2.2, one
+    bucket per stage; 0 with one replica): ``2 (D-1)/D * P_j * ms_per_byte + 2 (D-1) * latency`` on its
+    link. The evaluator times buckets (:func:`_bucket_end`); benchmarks/evaluator.py's old loop reads this."""
+    counts = np.diff(packed.stage_ptr)
+    d = np.repeat(packed.replicas, counts).astype(np.float64)
+    lat, per_byte = allreduce_links(packed, tables)
     params = tables.param_prefix[packed.hi] - tables.param_prefix[packed.lo]
     out: FloatArray = 2 * (d - 1) / d * params * per_byte + 2 * (d - 1) * lat
     return out
@@ -346,24 +425,26 @@ def allreduce_times(packed: PackedPlans, tables: CostTables) -> FloatArray:
 @njit(cache=True, parallel=True)
 def _evaluate_all(  # type: ignore[no-untyped-def]
     stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
-    times, out_bytes, stash_prefix, param_prefix, input_bytes,
+    times, out_bytes, stage_mem, param_prefix, input_bytes,
     latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
-    replicas, zero1, links, run_ptr, node_ptr, run_node, ar_ms,
+    replicas, zero1, links, run_ptr, node_ptr, run_node, ar_latency, ar_per_byte, bucket_bytes,
     it, dead, top, comp, ar_end, spans, mem, busy, ends, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
-    max_s = max_r = max_g = 1  # scratch sizes: the largest candidate's
+    max_s = max_r = max_g = max_l = 1  # scratch sizes: the largest candidate's
     for c in range(n):
         s0, s1 = stage_ptr[c], stage_ptr[c + 1]
         max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
         max_g = max(max_g, s1 - s0)
-        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + s1 - s0)
+        max_l = max(max_l, hi[s1 - 1] - lo[s0])
+        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + 2 * (s1 - s0))
     # Candidates are independent: blocks of them run on numba's threads, each with its own
     # scratch, and every result lands in the candidate's own slots (deterministic).
     for blk in prange(blocks):
         dep_lo = np.empty(max_s, np.int64)  # per forward, then per backward: producer range
         dep_hi = np.empty(max_s, np.int64)
-        # Delivery of each forward's output / each B/I's gradient (-1: not yet), then per stage its last B/W end.
+        # Delivery of each forward's output / each B/I's gradient (-1: not yet), then per stage its last B/W
+        # end, then that action's duration.
         deliv = np.empty(max_s)
         waiter = np.empty(max_s, np.int64)  # the rank waiting for that delivery (-1: none)
         link = np.empty((max_r, max_r, 3))  # link[src, dst]: arrival of its last message, latency, ms/byte
@@ -372,8 +453,12 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
         level = np.empty(max_r)
         stack = np.empty(max_r, np.int64)
         last_end = np.empty(max_r)  # per rank, over the runs
-        ready = np.empty(max_g)  # per stage, its all-reduce's ready time over the runs
-        order = np.empty(max_g, np.int64)
+        ready = np.empty(max_g)  # per stage, its last B/W's end over the runs
+        took = np.empty(max_g)  # per stage, that action's duration (the same in every run)
+        last_kind = np.empty(max_g, np.int64)  # per stage, that action's kind and size
+        last_size = np.empty(max_g, np.int64)
+        b_scratch = np.empty((3, max_l))  # per bucket: ready, all-reduce time, start
+        b_int = np.empty((4, max_l), np.int64)  # per bucket: ready order, rank, first layer, stage
         for c in range(blk * n // blocks, (blk + 1) * n // blocks):
             r0, R = rank_ptr[c], rank_ptr[c + 1] - rank_ptr[c]
             s0, S = stage_ptr[c], stage_ptr[c + 1] - stage_ptr[c]
@@ -385,7 +470,7 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
             for u in range(run_ptr[c], run_ptr[c + 1]):
                 _set_links(link, R, run_node, node_ptr[u], node_ptr[u + 1], links, c, latency, ms_per_byte)
                 dead[c] = _one(c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr,
-                               act, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes,
+                               act, act_ptr, times, out_bytes, stage_mem, param_prefix, input_bytes,
                                op_oh, msg_oh, msg_per_byte, factor,
                                dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy,
                                ends)  # fmt: skip
@@ -395,6 +480,7 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
                     last_end[r] = max(last_end[r], ends[r0 + r])
                 for j in range(S):
                     ready[j] = max(ready[j], deliv[n_slots + j])
+                    took[j] = deliv[n_slots + S + j]
             peak = 0.0
             for r in range(R):
                 peak = max(peak, mem[r0 + r])
@@ -405,7 +491,12 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
             for r in range(R):
                 ends[r0 + r] = last_end[r]
                 last = max(last, last_end[r])
-            done = _allreduce_end(s0, S, rank, ready, ar_ms, order, clock, spans) if D > 1 else 0.0
+            done = 0.0
+            if D > 1:
+                _last_backwards(s0, S, r0, R, bwd, bwd_ptr, act, act_ptr, last_kind, last_size)
+                done = _bucket_end(s0, S, lo, hi, rank, times, param_prefix, bucket_bytes[c], D, ar_latency,
+                                   ar_per_byte, ready, took, last_kind, last_size, b_scratch, b_int, clock,
+                                   spans)  # fmt: skip
             comp[c], ar_end[c] = last, done
             it[c] = max(last, done)
             top[c] = peak
@@ -426,6 +517,58 @@ def _set_links(link, R, run_node, n0, n1, links, c, latency, ms_per_byte):  # ty
                 k = 0 if run_node[n0 + r] == run_node[n0 + q] else 2
                 link[r, q, 1] = links[c, k]
                 link[r, q, 2] = links[c, k + 1]
+
+
+@njit(cache=True)
+def _last_backwards(s0, S, r0, R, bwd, bwd_ptr, act, act_ptr, kind, size):  # type: ignore[no-untyped-def]
+    """Per stage ``j`` of the candidate, the kind and size of its last ``B`` or ``W`` (its rank's list order)."""
+    for r in range(R):
+        for i in range(act_ptr[r0 + r], act_ptr[r0 + r + 1]):
+            code = act[i]
+            k = code_kind(code)
+            if ends_backward(k):
+                j = code_stage(code)
+                kind[j] = k
+                size[j] = bwd[bwd_ptr[s0 + j] + code_mb(code)]
+
+
+@njit(cache=True)
+def _bucket_end(  # type: ignore[no-untyped-def]
+    s0, S, lo, hi, rank, times, param_prefix, cap, D, latency, per_byte, end, took, kind, size, scratch, ints,
+    free, spans,
+):  # fmt: skip
+    """docs/model.md section 9: cut each stage into its gradient buckets (:func:`~umsearch.core.cluster.
+    bucket_firsts`), ready each within the stage's last backward, ``kind``/``size``, that ends at ``end[j]``
+    in the slowest run after ``took[j]`` (:func:`~umsearch.core.cluster.bucket_ready_ms`), and chain each
+    rank's bucket all-reduces (:func:`~umsearch.core.cluster.chain_allreduces`). Writes each stage's first
+    bucket ready time, first start and last end to ``spans[s0 + j]``; returns the latest end. ``scratch``,
+    ``ints`` and ``free`` (per rank) are scratch."""
+    ready, cost, start = scratch[0], scratch[1], scratch[2]
+    order, ranks, firsts, stage = ints[0], ints[1], ints[2], ints[3]
+    n = 0
+    for j in range(S):
+        g = s0 + j
+        row = times[kind[j], size[j]]
+        m = bucket_firsts(param_prefix, lo[g], hi[g], cap, firsts[n:])
+        top = hi[g]
+        for b in range(n, n + m):
+            a = firsts[b]
+            ready[b] = bucket_ready_ms(end[j], took[j], row[a] - row[lo[g]], row[hi[g]] - row[lo[g]])
+            cost[b] = ring_ms(param_prefix[top] - param_prefix[a], D, latency[g], per_byte[g])
+            stage[b] = j
+            ranks[b] = rank[g]
+            top = a
+        n += m
+    last = chain_allreduces(ready, cost, ranks, n, order, free, start)
+    for j in range(S):
+        spans[s0 + j, 0] = spans[s0 + j, 1] = np.inf
+        spans[s0 + j, 2] = 0.0
+    for b in range(n):
+        g = s0 + stage[b]
+        spans[g, 0] = min(spans[g, 0], ready[b])
+        spans[g, 1] = min(spans[g, 1], start[b])
+        spans[g, 2] = max(spans[g, 2], start[b] + cost[b])
+    return last
 
 
 @njit(cache=True)
@@ -455,23 +598,25 @@ def _allreduce_end(s0, S, rank, ready, ar_ms, order, free, spans):  # type: igno
 @njit(cache=True)
 def _one(  # type: ignore[no-untyped-def]
     c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
-    times, out_bytes, stash_prefix, param_prefix, input_bytes,
+    times, out_bytes, stage_mem, param_prefix, input_bytes,
     op_oh, msg_oh, msg_per_byte, state_factor,
     dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy, ends,
 ):  # fmt: skip
     """Run candidate c (one replica, its links in ``link``, see :func:`_set_links`) to the end or to a
-    deadlock; returns True on deadlock. ``deliv[n_slots + j]`` is left at stage j's last B/W end.
+    deadlock; returns True on deadlock. ``deliv[n_slots + j]`` is left at stage j's last B/W end and
+    ``deliv[n_slots + S + j]`` at that action's duration.
 
     Slots: forward k of stage g is slot ``fwd_ptr[g] - f_base + k``; backward k
     is ``n_f + bwd_ptr[g] - b_base + k``. ``dep_*`` of a slot is the range of
     producer slots it reads (forwards of g-1, or backwards of g+1), relative
     to that producer stage's first slot.
 
-    The rules of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``, ``ready_at``,
-    ``memory_step``) are spelled out inline here, on scalars and this function's own
-    arguments: a kernel call taking arrays costs their reference counts on every action
-    (ARCHITECTURE.md), about 45% of the old loop's time. The scalar rules of
-    :mod:`umsearch.core.actions` are still called, never restated.
+    The rules of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``, ``ready_at``)
+    are spelled out inline here, on scalars and this function's own arguments: a kernel
+    call taking arrays costs their reference counts on every action (ARCHITECTURE.md),
+    about 45% of the old loop's time. The scalar rules of :mod:`umsearch.core.actions`
+    are still called, never restated; memory multiplies ``stage_mem[g]`` (:func:`stage_memory`,
+    per sample) by the microbatch's size.
     """
     s0, s1 = stage_ptr[c], stage_ptr[c + 1]
     S = s1 - s0
@@ -546,6 +691,7 @@ def _one(  # type: ignore[no-untyped-def]
             end = start + dur + op_oh + need + sent_ms
             if ends_backward(kind):  # the stage's latest backward end so far (its rank runs in order)
                 deliv[n_slots + j] = end
+                deliv[n_slots + S + j] = end - start
             if to >= 0:
                 arrival = end
                 if sends:  # after the link's previous message
@@ -558,8 +704,8 @@ def _one(  # type: ignore[no-untyped-def]
                     stack[top_of_stack] = w
                     top_of_stack += 1
             # Memory (docs/model.md 5): additions, the peak, then releases.
-            inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
-            add, rel = memory_delta(kind, recompute[g], (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp)
+            add, rel = memory_delta(kind, recompute[g], stage_mem[g, 0] * size, stage_mem[g, 1] * size,
+                                    stage_mem[g, 2] * size, stage_mem[g, 3] * size)  # fmt: skip
             lvl += add
             peak = max(peak, lvl)
             lvl -= rel

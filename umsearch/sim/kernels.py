@@ -8,8 +8,10 @@ generator (:mod:`umsearch.search.orders`) both time actions, ship messages and
 track memory; they do it through these functions, so the rules exist once in
 compiled form (the reference simulator is their plain-Python twin, and tests
 hold them equal). One exception, for speed: the evaluator's per-action loop
-(``batch._one``) spells out :func:`finish`, :func:`needed_ms`, :func:`ready_at`
-and :func:`memory_step` inline, so a change to one of them goes there too
+(``batch._one``) spells out :func:`finish`, :func:`needed_ms` and :func:`ready_at`
+inline, and reads memory from each stage's terms (``batch.stage_memory``, the
+whole of docs/model.md 5 where :func:`memory_step`, the order generator's, leaves
+version 2.3's per-layer fields out), so a change to one of them goes there too
 (``tests/sim`` holds the evaluator to the reference simulator). Kinds are 0 ``F``, 1 ``B``, 2 ``I``, 3 ``W``; what each kind
 feeds and needs, the boundary its message crosses, whether it reruns the forward,
 what it does to memory and how an action is coded are compiled from
@@ -27,6 +29,7 @@ code_kind = njit(cache=True)(actions.code_kind)
 code_stage = njit(cache=True)(actions.code_stage)
 code_mb = njit(cache=True)(actions.code_mb)
 memory_delta = njit(cache=True)(actions.memory_effect)
+hands_on = njit(cache=True)(actions.hands_on)
 on_forward_list = njit(cache=True)(actions.on_forward_list)
 ends_backward = njit(cache=True)(actions.ends_backward)
 consumer_stage = njit(cache=True)(actions.consumer_stage)
@@ -165,6 +168,9 @@ def finish(kind, j, g, S, r, start, size, l_lo, l_hi, rec, scale, need_ms, rank,
 @njit(cache=True)
 def memory_step(kind, rec, size, l_lo, l_hi, input_bytes, out_bytes, stash_prefix):  # type: ignore[no-untyped-def]
     """docs/model.md section 5: what one action of ``size`` samples on layers ``[l_lo, l_hi)`` adds to its
-    rank's activation level before the peak, and releases after it."""
+    rank's activation level before the peak, and releases after it; exact for a profile without version
+    2.3's per-layer fields (``stash_prefix`` is :attr:`~umsearch.core.cost.CostTables.stash_prefix`, so a
+    stage's first boundary, its kept input, what ``I`` frees and hand-offs are left out: the evaluator reads
+    the whole rule from :func:`umsearch.sim.batch.stage_memory`)."""
     inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
-    return memory_delta(kind, rec, (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp)
+    return memory_delta(kind, rec, (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp, 0.0, 0.0)

@@ -21,10 +21,22 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from umsearch.core.actions import KINDS, Action, ActionRecord, F
-from umsearch.core.cluster import allreduce_ms, copies_span_nodes, ms_per_byte, replica_nodes
+import numpy as np
+
+from umsearch.core.actions import KINDS, Action, ActionRecord, F, hands_on
+from umsearch.core.cluster import (
+    allreduce_ms,
+    bucket_cap_bytes,
+    bucket_firsts,
+    bucket_ready_ms,
+    chain_allreduces,
+    copies_span_nodes,
+    ms_per_byte,
+    replica_nodes,
+)
 from umsearch.core.cost import CostModel, device_state_factor
 from umsearch.core.deps import Dependencies, find_deadlock
+from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Link
@@ -91,14 +103,25 @@ def state_factor(plan: Plan, cost: CostModel) -> float:
     return device_state_factor(cost.state_factor, plan.data_parallel, plan.zero1)
 
 
+def hand_offs(plan: Plan) -> tuple[bool, ...]:
+    """Per stage, whether it hands its output to the next stage as the very storage both save
+    (:func:`~umsearch.core.actions.hands_on`; False for the last stage)."""
+    st = plan.stages
+    return tuple(j + 1 < len(st) and hands_on(st[j].rank == st[j + 1].rank, st[j].recompute, st[j + 1].recompute,
+                                              st[j].forward == st[j + 1].forward) for j in range(len(st)))  # fmt: skip
+
+
 def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:
     """docs/model.md section 5 (and 9) for rank ``r``: state plus the largest activation level at any of its
     actions (the same in every replica: memory follows the list order, not the links)."""
     level = peak = 0.0
+    handed = hand_offs(plan)
+    terms = {j: cost.stage_memory(st.lo, st.hi, st.recompute, j > 0 and handed[j - 1], handed[j])
+             for j, st in enumerate(plan.stages) if st.rank == r}  # fmt: skip
     for a in plan.actions[r]:
         st = plan.stages[a.stage]
         n = a.size(st.forward, st.backward)
-        add, release = a.memory(st.recompute, cost.stash_bytes(st.lo, st.hi) * n, cost.input_bytes_of(st.lo) * n)
+        add, release = a.memory(st.recompute, *(x * n for x in terms[a.stage]))
         level += add
         peak = max(peak, level)
         level -= release
@@ -197,47 +220,116 @@ def _allreduce_link(plan: Plan, cost: CostModel, rank: int) -> Link:
     return c.inter if copies_span_nodes(c, rank, plan.ranks, plan.data_parallel, plan.layout) else c.intra
 
 
-def _allreduces(plan: Plan, cost: CostModel, timelines: list[_Timeline]) -> tuple[AllReduceSpan, ...]:
-    """docs/model.md section 9: each stage's ring all-reduce, ready when its last B or W has ended in every
-    replica (``timelines``: each distinct one once); one rank's run one at a time in the order they
-    become ready (lower stage first on ties)."""
-    ready = [0.0] * plan.num_stages
-    for tl in timelines:
-        for a in tl.records:
-            if a.action.ends_backward:
-                ready[a.stage] = max(ready[a.stage], a.end_ms)
-    free = [0.0] * plan.ranks
-    spans: dict[int, AllReduceSpan] = {}
-    for j in sorted(range(plan.num_stages), key=lambda j: (ready[j], j)):
-        st = plan.stages[j]
-        start = max(ready[j], free[st.rank])
-        took = allreduce_ms(cost.param_bytes(st.lo, st.hi), plan.data_parallel, _allreduce_link(plan, cost, st.rank))
-        free[st.rank] = start + took
-        spans[j] = AllReduceSpan(stage=j, rank=st.rank, ready_ms=ready[j], start_ms=start, end_ms=start + took)
-    return tuple(spans[j] for j in range(plan.num_stages))
+@dataclass(frozen=True, kw_only=True)
+class BucketSpan:
+    """One gradient bucket's all-reduce across a stage's copies (docs/model.md section 9)."""
+
+    stage: int
+    """The stage whose layers the bucket holds."""
+    rank: int
+    """The rank holding the stage: its buckets are all-reduced one at a time."""
+    layers: tuple[int, int]
+    """``[lo, hi)``: the bucket's layers."""
+    param_bytes: float
+    """The bytes it all-reduces."""
+    ready_ms: float
+    """When its layers' gradients are complete in every replica."""
+    start_ms: float
+    """Ready, and the rank's previous bucket done."""
+    end_ms: float
+
+
+def _last_backwards(plan: Plan, timeline: _Timeline) -> list[ActionRecord]:
+    """Per stage, the record of its last ``B`` or ``W`` in ``timeline`` (its rank runs its list in order)."""
+    last: dict[int, ActionRecord] = {}
+    for a in timeline.records:
+        if a.action.ends_backward and (a.stage not in last or a.end_ms >= last[a.stage].end_ms):
+            last[a.stage] = a
+    return [last[j] for j in range(plan.num_stages)]
+
+
+def _buckets(plan: Plan, cost: CostModel, timelines: list[_Timeline]) -> list[BucketSpan]:
+    """docs/model.md section 9: every stage's gradient buckets (at most ``plan.bucket_mib`` each, in reverse
+    layer order), each ready when its layers are complete in every replica (``timelines``: each distinct one
+    once), its ring all-reduce on the stages' link; one rank's buckets run one at a time in the order they
+    become ready (lower stage first on ties, then the bucket filled first)."""
+    lasts = [_last_backwards(plan, tl) for tl in timelines]
+    cap = bucket_cap_bytes(plan.bucket_mib)
+    found: list[tuple[int, int, int, float, float]] = []  # stage, lo, hi, bytes, ready
+    for j, st in enumerate(plan.stages):
+        firsts = np.empty(st.hi - st.lo, dtype=np.int64)
+        m = bucket_firsts(cost.param_prefix, st.lo, st.hi, cap, firsts)
+        kind = _QUANTITY[lasts[0][j].kind]
+        total = cost.time_ms(kind, st.lo, st.hi, lasts[0][j].size)
+        top = st.hi
+        for a in firsts[:m].tolist():
+            below = cost.time_ms(kind, st.lo, a, lasts[0][j].size)
+            ready = max(bucket_ready_ms(r[j].end_ms, r[j].end_ms - r[j].start_ms, below, total) for r in lasts)
+            found.append((j, a, top, cost.param_bytes(a, top), ready))
+            top = a
+    n = len(found)
+    ready_at = np.array([b[4] for b in found])
+    took = np.array([allreduce_ms(b[3], plan.data_parallel, _allreduce_link(plan, cost, plan.stages[b[0]].rank))
+                     for b in found])  # fmt: skip
+    ranks = np.array([plan.stages[b[0]].rank for b in found], dtype=np.int64)
+    start = np.empty(n)
+    chain_allreduces(ready_at, took, ranks, n, np.empty(n, dtype=np.int64), np.empty(plan.ranks), start)
+    return [BucketSpan(stage=j, rank=plan.stages[j].rank, layers=(lo, hi), param_bytes=p, ready_ms=ready,
+                       start_ms=float(start[i]), end_ms=float(start[i] + took[i]))
+            for i, (j, lo, hi, p, ready) in enumerate(found)]  # fmt: skip
+
+
+def _allreduces(buckets: list[BucketSpan], stages: int) -> tuple[AllReduceSpan, ...]:
+    """Per stage, its buckets in one span: ready with its first bucket, from the first one's start to the
+    last one's end (with one bucket, the stage's whole all-reduce of version 2.2)."""
+    spans = []
+    for j in range(stages):
+        mine = [b for b in buckets if b.stage == j]
+        spans.append(AllReduceSpan(stage=j, rank=mine[0].rank, ready_ms=min(b.ready_ms for b in mine),
+                                   start_ms=min(b.start_ms for b in mine), end_ms=max(b.end_ms for b in mine)))
+    return tuple(spans)
+
+
+def _replicas(plan: Plan, cost: CostModel) -> tuple[list[_Timeline], dict[tuple[int, ...] | None, _Timeline]]:
+    """Each replica's timeline (stopping at the first that deadlocks) and each distinct one once."""
+    timing = ActionTiming(plan, cost, Dependencies(plan))
+    done: dict[tuple[int, ...] | None, _Timeline] = {}
+    timelines = []
+    for d in range(plan.data_parallel):
+        key = _link_pattern(plan, d)
+        if key not in done:
+            done[key] = _run(plan, timing, _transfer(plan, timing, d))
+        timelines.append(done[key])
+        if not timelines[-1].finished:  # links change times, never what waits for what
+            break
+    return timelines, done
+
+
+def bucket_spans(plan: Plan, cost: CostModel) -> tuple[BucketSpan, ...]:
+    """Every gradient bucket's all-reduce of ``plan`` (docs/model.md section 9), stage by stage, each stage's
+    in the order they fill; empty with one replica. Raises PlanError as :func:`simulate` does, and for a
+    plan that deadlocks."""
+    cost.check(validate_plan(plan))
+    timelines, done = _replicas(plan, cost)
+    if not timelines[-1].finished:
+        raise PlanError(f"the plan deadlocks ({'; '.join(find_deadlock(plan))}): it has no all-reduce")
+    return tuple(_buckets(plan, cost, list(done.values()))) if plan.data_parallel > 1 else ()
 
 
 def simulate(plan: Plan, cost: CostModel) -> SimResult:
     """Simulate one iteration of ``plan`` (every replica, then the all-reduces); raises PlanError if
     the plan is invalid or does not fit the profile (layer count, I/W split)."""
     cost.check(validate_plan(plan))
-    timing = ActionTiming(plan, cost, Dependencies(plan))
     R, D = plan.ranks, plan.data_parallel
-    done: dict[tuple[int, ...] | None, _Timeline] = {}
-    timelines = []
-    for d in range(D):
-        key = _link_pattern(plan, d)
-        if key not in done:
-            done[key] = _run(plan, timing, _transfer(plan, timing, d))
-        timelines.append(done[key])
-        if not timelines[-1].finished:  # links change times, never what waits for what
-            return SimResult(deadlock=True, iteration_ms=None, busy_ms=None, peak_memory_bytes=None,
-                             rank_end_ms=timelines[-1].end, records=timelines[-1].records,
-                             blocked=find_deadlock(plan), replica=d)  # fmt: skip
+    timelines, done = _replicas(plan, cost)
+    if not timelines[-1].finished:
+        return SimResult(deadlock=True, iteration_ms=None, busy_ms=None, peak_memory_bytes=None,
+                         rank_end_ms=timelines[-1].end, records=timelines[-1].records,
+                         blocked=find_deadlock(plan), replica=len(timelines) - 1)  # fmt: skip
     last = [max(tl.end) for tl in timelines]
     slowest = last.index(max(last))
     compute_end = last[slowest]
-    spans = _allreduces(plan, cost, list(done.values())) if D > 1 else ()
+    spans = _allreduces(_buckets(plan, cost, list(done.values())), plan.num_stages) if D > 1 else ()
     allreduce_end = max((s.end_ms for s in spans), default=None)
     return SimResult(
         deadlock=False, iteration_ms=max(compute_end, allreduce_end or 0.0), busy_ms=timelines[0].busy,

@@ -1,0 +1,111 @@
+"""docs/model.md section 5 (version 2.3): the compiled evaluator equals the reference on profiles carrying the
+per-layer memory fields and on plans that hand boundaries on; the rule's own properties."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.strategies import partitions, placements, profiles, random_orders
+from umsearch.core.cost import CostModel
+from umsearch.core.plan import Plan, Stage
+from umsearch.core.profile import Profile
+from umsearch.sim.batch import encode, evaluate, pack
+from umsearch.sim.reference import hand_offs, simulate
+
+
+@st.composite
+def memory_profiles(draw: st.DrawFn) -> Profile:
+    """:func:`tests.strategies.profiles` with version 2.3's fields, each layer's drawn or left out."""
+    base = draw(profiles(split=True))
+    layers = []
+    share = st.none() | st.floats(0, 1)  # None: the field left out
+    for i, x in enumerate(base.layers):
+        shared, kept, weight = draw(share), draw(share), draw(share)
+        layers.append(dataclasses.replace(
+            x, boundary_shared_bytes=shared * x.stash_bytes if i and shared is not None else 0.0,
+            input_saved_bytes=None if kept is None else kept * x.stash_bytes,
+            weight_stash_bytes=None if weight is None else weight * x.stash_bytes))  # fmt: skip
+    return dataclasses.replace(base, layers=tuple(layers))
+
+
+@st.composite
+def handing_plans(draw: st.DrawFn, num_layers: int, max_batch: int = 10, max_ranks: int = 3) -> Plan:
+    """Random valid plans where neighbouring stages often share a rank and a forward list (so they hand
+    boundaries on), with recompute and I/W splits drawn per stage and microbatch."""
+    R = draw(st.integers(1, min(max_ranks, num_layers)))
+    S = draw(st.integers(R, min(num_layers, 3 * R)))
+    placement = draw(placements(R, S))
+    inner = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=S - 1, max_size=S - 1))) if S > 1 else []
+    cuts = [0, *inner, num_layers]
+    B = draw(st.integers(1, max_batch))
+    common = draw(partitions(B))
+    stages = []
+    for j in range(S):
+        fwd = common if draw(st.integers(0, 3)) else draw(partitions(B))
+        rec = draw(st.integers(0, 3)) == 0
+        stages.append(Stage(layers=(cuts[j], cuts[j + 1]), rank=placement[j], forward=fwd,
+                            backward=draw(partitions(B)) if rec else fwd, recompute=rec))  # fmt: skip
+    cut = [[draw(st.booleans()) for _ in s.backward] for s in stages]
+    orders = random_orders(stages, R, cut, random.Random(draw(st.integers(0, 2**32))), causal=True)
+    return Plan(global_batch=B, ranks=R, stages=tuple(stages), actions=orders)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_evaluator_equals_the_reference_with_the_v23_fields(data: st.DataObject) -> None:
+    profile = data.draw(memory_profiles())
+    population = data.draw(st.lists(handing_plans(profile.num_layers), min_size=1, max_size=4))
+    cost = CostModel(profile, state_factor=data.draw(st.floats(1, 8)))
+    fast = evaluate(pack([encode(p) for p in population]), cost.tables(max(p.global_batch for p in population)))
+    for c, plan in enumerate(population):
+        ref = simulate(plan, cost)
+        assert bool(fast.deadlock[c]) == ref.deadlock
+        if not ref.deadlock:
+            assert ref.peak_memory_bytes is not None
+            np.testing.assert_allclose(fast.ranks_of(c, fast.peak_memory_bytes), ref.peak_memory_bytes, rtol=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_the_terms_are_sizes_a_stage_holds(data: st.DataObject) -> None:
+    """Per stage: 0 <= freed <= stash <= the plain sum of its layers' stash, kept <= stash of its first layer,
+    and every list releases exactly what it added."""
+    profile = data.draw(memory_profiles())
+    plan = data.draw(handing_plans(profile.num_layers))
+    cost = CostModel(profile)
+    handed = hand_offs(plan)
+    for j, st_ in enumerate(plan.stages):
+        stash, inp, kept, freed = cost.stage_memory(st_.lo, st_.hi, st_.recompute, j > 0 and handed[j - 1], handed[j])
+        plain = sum(x.stash_bytes for x in profile.layers[st_.lo:st_.hi])
+        assert -1e-6 <= freed <= stash + 1e-6 and stash <= plain * (1 + 1e-12) + 1e-9
+        assert 0 <= kept <= profile.layers[st_.lo].stash_bytes and inp >= 0
+    for r in range(plan.ranks):
+        level = 0.0
+        for a in plan.actions[r]:
+            st_ = plan.stages[a.stage]
+            n = a.size(st_.forward, st_.backward)
+            terms = cost.stage_memory(st_.lo, st_.hi, st_.recompute, a.stage > 0 and handed[a.stage - 1],
+                                      handed[a.stage])  # fmt: skip
+            add, rel = a.memory(st_.recompute, *(x * n for x in terms))
+            level += add - rel
+        assert level == pytest.approx(0.0, abs=1e-6 * max(1.0, sum(x.stash_bytes for x in profile.layers) * 20))
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_without_the_v23_fields_memory_is_version_2_2(data: st.DataObject) -> None:
+    """A profile that leaves the fields out: section 5's 2.2 table on the plain sum of stash_bytes."""
+    profile = data.draw(profiles(split=True))
+    plan = data.draw(handing_plans(profile.num_layers))
+    cost = CostModel(profile)
+    for st_ in plan.stages:
+        stash, inp, kept, freed = cost.stage_memory(st_.lo, st_.hi, st_.recompute, True, True)
+        assert stash == pytest.approx(sum(x.stash_bytes for x in profile.layers[st_.lo:st_.hi]), rel=1e-12, abs=1e-9)
+        assert kept == 0.0 and freed == 0.0
+        assert inp == (profile.input_bytes if st_.lo == 0 else profile.layers[st_.lo - 1].out_bytes)
