@@ -10,8 +10,8 @@ compiled form (the reference simulator is their plain-Python twin, and tests
 hold them equal). One exception, for speed: the evaluator's per-action loop
 (``batch._one``) spells out :func:`finish`, :func:`needed_ms` and :func:`ready_at`
 inline, and reads memory from each stage's terms (``batch.stage_memory``, the
-whole of docs/model.md 5 where :func:`memory_step`, the order generator's, leaves
-version 2.3's per-layer fields out), so a change to one of them goes there too
+whole of docs/model.md 5, as the order generator does through :func:`memory_delta`;
+:func:`memory_step`, version 2.2's rule, is left for ``benchmarks/evaluator.py``'s old loop), so a change to one of them goes there too
 (``tests/sim`` holds the evaluator to the reference simulator). Kinds are 0 ``F``, 1 ``B``, 2 ``I``, 3 ``W``; what each kind
 feeds and needs, the boundary its message crosses, whether it reruns the forward,
 what it does to memory and how an action is coded are compiled from
