@@ -19,7 +19,7 @@ def _space(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
     path = tmp_path / "p.json"
     save_profile(profile, path)
     values = {"profile": str(path), "ranks": 2, "global_batch": 16, "max_microbatch": 16, "population": 24,
-              "generations": 6, "seed": 1, "time_budget_s": 600, **kw}  # fmt: skip
+              "generations": 6, "seed": 1, "time_budget_s": 600, "polish_stall": 12, **kw}  # fmt: skip
     return profile, build_space(values)
 
 
@@ -109,3 +109,51 @@ def test_a_model_of_thousands_of_layers_honours_the_budget(tmp_path: Path) -> No
     assert len([p for p in seen if p.phase == "baselines"]) >= len(space.schedule.peers)
     assert wall < 60, wall  # budget 4 s; generous slack for a loaded machine, far below the old 100 s
     validate_plan(res.best.plan, 2000)
+
+
+def test_every_baseline_plan_seeds_the_search(tmp_path: Path) -> None:
+    """Each feasible peer's plan the space's rules can express (its chunks per rank allowed, its lists valid)
+    becomes a genome of its structure with its cuts and lists."""
+    from umsearch.search.pipeline_search import Run, baseline_genomes, structure
+
+    profile, space = _space(tmp_path)
+    run = Run(space, profile, None)
+    base = run.baselines(float("inf"))
+    genomes = baseline_genomes(run.rules, base)
+    expressible = [b for b in base.values() if b is not None and b.plan.num_stages // space.ranks in run.rules.stages_per_rank
+                   and all(run.rules.valid_sequence(st.forward) for st in b.plan.stages)]  # fmt: skip
+    assert expressible
+    for b in expressible:
+        v = b.plan.num_stages // space.ranks
+        mine = [g for g in genomes if g.v == v and g.cuts == (*(st.lo for st in b.plan.stages), profile.num_layers)
+                and g.forward == tuple(st.forward for st in b.plan.stages)]  # fmt: skip
+        assert mine, b.name
+        assert {structure(g) for g in mine} == {structure(mine[0])}
+
+
+def test_nsga2_stops_when_it_converges_before_the_ceiling(tmp_path: Path) -> None:
+    profile, space = _space(tmp_path, generations=100_000, stall_generations=3, tolerance=0.5)
+    res = run_search(space, profile)
+    assert not res.budget_hit and 4 <= res.generations < 100_000
+
+
+def _spread(times: list[float]) -> float:
+    return max(times) / min(times) - 1
+
+
+def _at_defaults(name: str, seed: int, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """``benchmarks/search.py``'s setup: a bundled space's profile (or the two-regime one) at R = 4, B = 64,
+    every [search] key at its default but the seed."""
+    from benchmarks.search import space_for
+
+    return space_for(name, seed, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt_cpu", "vgg16_cpu", "default"])
+def test_seeds_0_to_9_land_within_half_a_percent_of_the_best(name: str, tmp_path: Path) -> None:
+    """Issue #37: at default settings every seed finds the plan (within 0.5% of the best of seeds 0-9).
+    Where it is not met yet (bimodal 0.74%, the two-regime profile 1.27%, simnet1 0.5003%) the spread is
+    measured by benchmarks/search.py (results/bench/search.json), not asserted here."""
+    times = [run_search(*_at_defaults(name, s, tmp_path)).best.iteration_ms for s in range(10)]
+    assert _spread(times) <= 0.005, times

@@ -5,10 +5,17 @@
 2. First pass: a fixed grid of structures (chunks per rank, placement, split
    or not, equal microbatch counts on balanced cuts, a few knob settings),
    scored by the order generator. It does not depend on the seed, so every
-   seed starts from the same basins.
-3. NSGA-II (pymoo) seeded with the first pass's best, objectives time and the
-   fullest rank's memory, constraint the memory limit.
-4. Iterated local search from the fastest distinct genomes.
+   seed starts from the same basins; every baseline's plan joins it as a
+   genome.
+3. NSGA-II (pymoo) seeded with the fastest genomes so far, objectives time
+   and the fullest rank's memory, constraint the memory limit, until it
+   converges (:mod:`~umsearch.search.convergence`; ``generations`` is a
+   ceiling).
+4. Iterated local search from the best genome of each of the fastest
+   structures and from the best genomes made of the peers' plans.
+
+``[search] workers`` threads score each batch of candidates
+(:mod:`~umsearch.search.workers`); the plan does not depend on how many.
 
 The result is the fastest feasible plan among everything scored, baselines
 included, so it is never slower than a baseline. With a ``[cluster]`` the same
@@ -37,6 +44,7 @@ from umsearch.search.pipeline_search import (
 )
 from umsearch.search.scoring import Scored
 from umsearch.search.space import SearchSpace
+from umsearch.search.workers import workers
 
 
 def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
@@ -45,8 +53,13 @@ def run_search(space: SearchSpace, profile: Profile, on_progress: Callable[[Prog
     if not any(t > 0 for lay in profile.layers for t in (*lay.fwd_ms, *lay.bwd_ms)):
         raise ProfileError(f"every layer of the profile ({profile.model}) takes 0 ms at every size: there is no "
                            "time to plan; profile the model again (umsearch profile)")  # fmt: skip
-    if space.cluster is not None:
-        return search_cluster(space, profile, on_progress)
+    with workers(space.search.workers):
+        if space.cluster is not None:
+            return search_cluster(space, profile, on_progress)
+        return _search(space, profile, on_progress)
+
+
+def _search(space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None) -> SearchResult:
     run = Run(space, profile, on_progress)
     # The baselines get at most half of the budget: past it, their partitions are left unrefined
     # (only huge models get there), so the search itself still has time.

@@ -34,6 +34,7 @@ from umsearch.search.factorize import Factorization, Memory, Placement, Pruned, 
 from umsearch.search.genome import Rules
 from umsearch.search.pipeline_search import (
     BASELINE_SHARE,
+    CLUSTER_POLISH,
     Outcome,
     Progress,
     Run,
@@ -97,7 +98,7 @@ def search_cluster(space: SearchSpace, profile: Profile,
         for i, f in enumerate(keep):
             run = Run(replica_space(space, f), profile, on_progress,
                       Placement(factorization=f, cluster=space.cluster.cluster, batch=space.global_batch),
-                      start=start, deadline=deadline)  # fmt: skip
+                      start=start, deadline=deadline, effort=CLUSTER_POLISH)  # fmt: skip
             base = run.baselines(time.perf_counter() + share)
             run = _widened(run, base, space, profile, on_progress, f, start, deadline)
             runs.append(run)
@@ -138,7 +139,7 @@ def _widened(run: Run, base: dict[str, Scored | None], space: SearchSpace, profi
     rs = replica_space(space, f)
     spr = tuple(sorted({*rs.schedule.stages_per_rank, *extra}))
     wide = Run(replace(rs, schedule=replace(rs.schedule, stages_per_rank=spr)), profile, on_progress,
-               run.placement, start=start, deadline=deadline)  # fmt: skip
+               run.placement, start=start, deadline=deadline, effort=run.effort)  # fmt: skip
     wide.best_ms, wide.cut = run.best_ms, run.cut
     wide.score.count += run.score.count
     return wide

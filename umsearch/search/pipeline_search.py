@@ -26,6 +26,7 @@ from umsearch.core.cost import CostModel, CostTables
 from umsearch.core.plan import equal_split
 from umsearch.core.profile import Profile
 from umsearch.search.baselines import baselines, counts
+from umsearch.search.convergence import Convergence
 from umsearch.search.factorize import Factorization, Placement, Pruned
 from umsearch.search.genome import POLICY_COUNT, Genome, Rules, genome_of, repair
 from umsearch.search.local import ClimbConfig, Step, iterated_climb
@@ -42,11 +43,40 @@ from umsearch.search.problem import GenomeProblem
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
 
-POLISH = ClimbConfig()
-"""The local search's effort (see :class:`~umsearch.search.local.ClimbConfig`)."""
+
+@dataclass(frozen=True, kw_only=True)
+class Effort:
+    """How hard the polish works after NSGA-II."""
+
+    climb: ClimbConfig
+    """Each climb's effort (see :class:`~umsearch.search.local.ClimbConfig`)."""
+    peer_starts: int
+    """The fastest genomes made of the peers' plans that the first round also climbs from."""
+
+
+KICKS_PER_STALL = 5
+"""A climb jumps at most this many times its stall (``[search] polish_stall``) in all."""
+
+
+def polish_effort(stall: int) -> Effort:
+    """The polish on one pipeline: a climb jumps until ``stall`` jumps in a row found nothing (on gpt_cpu 12 left
+    4 of seeds 0-9 over 0.5% behind the best, 40 none), and the peers' plans are starts of their own."""
+    return Effort(climb=ClimbConfig(kicks=KICKS_PER_STALL * stall, stall=stall), peer_starts=2)
+
+
+CLUSTER_POLISH = Effort(climb=ClimbConfig(), peer_starts=0)
+"""The polish on each factorization a cluster search searches: the lighter one (each candidate is scored on
+every replica, and three factorizations are polished)."""
 T = TypeVar("T")
 FIRST_PASS_COUNTS = 12
 """Equal microbatch counts per structure in the first pass (spread over the allowed ones)."""
+Structure = tuple[int, str]
+"""(chunks per rank, placement): the basins the stopping rule and the polish tell apart."""
+
+
+def structure(g: Genome) -> Structure:
+    """``g``'s structure (the placement only matters with several chunks per rank)."""
+    return (g.v, g.placement if g.v > 1 else "loop")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +161,26 @@ def _anchors(rules: Rules, tables: CostTables, base: dict[str, Scored | None]) -
     return out
 
 
+def baseline_genomes(rules: Rules, base: dict[str, Scored | None]) -> list[Genome]:
+    """Every feasible baseline's plan as a genome (its structure, cuts, lists, recompute and split) with each
+    order policy, where the space's rules allow its structure: the search starts from every peer's plan."""
+    out: list[Genome] = []
+    for b in base.values():
+        if b is None or b.plan.num_stages % rules.ranks:
+            continue
+        plan, v = b.plan, b.plan.num_stages // rules.ranks
+        ranks = tuple(st.rank for st in plan.stages)
+        kind = next((k for k in ("loop", "vshape") if rules.placement_of(v, k) == ranks), None)
+        if kind is None or v not in rules.stages_per_rank or (v > 1 and kind not in rules.placements):
+            continue
+        cuts = (*(st.lo for st in plan.stages), plan.stages[-1].hi)
+        g = genome_of(rules, v, kind, cuts, [st.forward for st in plan.stages], split=rules.split and any(plan.uses_split),
+                      recompute=[st.recompute and rules.recompute for st in plan.stages],
+                      backward=[st.backward for st in plan.stages])  # fmt: skip
+        out += [_scaled(g, 1.0, rules, p) for p in range(POLICY_COUNT)]
+    return list(dict.fromkeys(out))
+
+
 def first_pass(rules: Rules, tables: CostTables) -> list[Genome]:
     """The fixed grid of structures (see the module docstring), repaired."""
     out = []
@@ -172,8 +222,9 @@ class Run:
 
     def __init__(self, space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None,
                  placement: Placement | None = None, start: float | None = None,
-                 deadline: float | None = None) -> None:  # fmt: skip
+                 deadline: float | None = None, effort: Effort | None = None) -> None:  # fmt: skip
         self.space, self.on_progress, self.placement = space, on_progress, placement
+        self.effort = polish_effort(space.search.polish_stall) if effort is None else effort
         self.start = time.perf_counter() if start is None else start
         self.deadline = self.start + space.search.time_budget_s if deadline is None else deadline
         self.rules = Rules.of(space, profile)
@@ -181,6 +232,8 @@ class Run:
         self.score = Scorer(self.rules, self.tables, space.memory_limit, placement)
         self.found: dict[Genome, tuple[float, float]] = {}  # feasible genome -> (time, memory)
         self.best_ms = math.inf
+        self.by_structure: dict[Structure, float] = {}
+        """The fastest feasible time found of each structure."""
         self.generations = 0
         self.cut = False
         """Whether the time budget stopped some of its work (set by :meth:`over` and :meth:`baselines`)."""
@@ -195,6 +248,8 @@ class Run:
             if np.isfinite(t) and m <= self.space.memory_limit:
                 self.found[g] = (float(t), float(m))
                 self.best_ms = min(self.best_ms, float(t))
+                k = structure(g)
+                self.by_structure[k] = min(float(t), self.by_structure.get(k, math.inf))
 
     def over(self) -> bool:
         if time.perf_counter() > self.deadline:
@@ -228,29 +283,38 @@ class Run:
         self.report("first pass", 1, 1)
 
     def evolve(self, base: dict[str, Scored | None]) -> bool:
-        """NSGA-II, then the polish rounds; True if Ctrl-C stopped it."""
-        space, rules, score = self.space, self.rules, self.score
+        """NSGA-II until it converges, then the polish rounds; True if Ctrl-C stopped it."""
         try:
+            seeds = baseline_genomes(self.rules, base)
+            if seeds:
+                self.keep(seeds, *self.score.genome_times(seeds))
+            peers = sorted((g for g in seeds if g in self.found), key=lambda g: self.found[g])
             if not self.over():
-                _nsga2(self, _anchors(rules, self.tables, base))
-            rng = random.Random(space.search.seed)
-            for _ in range(space.search.polish_rounds):
-                # Another round from the (new) best of each structure, while a round still improves.
-                before = self.best_ms
-                starts = self.starts(POLISH.starts)
-                for i, g in enumerate(starts):
-                    if self.over():
-                        break
-                    t0, m0 = self.found[g]
-                    iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), score, rules, rng, POLISH,
-                                   self.deadline, lambda s: self.keep([s.genome], np.array([s.iteration_ms]),
-                                                                      np.array([s.max_memory_bytes])))  # fmt: skip
-                    self.report("polish", i + 1, len(starts))
-                if self.over() or not self.best_ms < before * (1 - 1e-9):
-                    break
+                _nsga2(self, _anchors(self.rules, self.tables, base))
+            self.polish(peers[: self.effort.peer_starts])
         except KeyboardInterrupt:
             return True
         return False
+
+    def polish(self, extra: list[Genome]) -> None:
+        """Rounds of iterated local search from the best genome of each of the fastest structures (the first
+        round also from ``extra``), while a round improves."""
+        rng = random.Random(self.space.search.seed)
+        for r in range(self.space.search.polish_rounds):
+            before = self.best_ms
+            starts = self.starts(self.effort.climb.starts)
+            if r == 0:  # the peers' plans are basins of their own, often next to the best one
+                starts = list(dict.fromkeys(starts + extra))
+            for i, g in enumerate(starts):
+                if self.over():
+                    break
+                t0, m0 = self.found[g]
+                iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), self.score, self.rules, rng,
+                               self.effort.climb, self.deadline, lambda st: self.keep([st.genome], np.array([st.iteration_ms]),
+                                                                           np.array([st.max_memory_bytes])))  # fmt: skip
+                self.report("polish", i + 1, len(starts))
+            if self.over() or not self.best_ms < before * (1 - 1e-9):
+                break
 
     def front(self) -> list[Scored]:
         """The non-dominated genomes found, as plans (fastest first)."""
@@ -265,24 +329,28 @@ class Run:
         ``n``: the polish explores different basins rather than one basin twice."""
         out: dict[tuple[int, str], Genome] = {}
         for g, _ in sorted(self.found.items(), key=lambda kv: kv[1]):
-            out.setdefault((g.v, g.placement if g.v > 1 else "loop"), g)
+            out.setdefault(structure(g), g)
         return list(out.values())[:n]
 
 
 def _nsga2(run: Run, anchors: Anchors) -> None:
+    """NSGA-II from the fastest genomes found so far until :class:`Convergence` says it has converged."""
     space, rules, score = run.space, run.rules, run.score
-    seeds = run.fastest(max(1, space.search.population // 3))
-    algo = NSGA2(pop_size=space.search.population, sampling=GenomeSampling(rules, seeds, anchors),
+    cfg = space.search
+    seeds = run.fastest(max(1, cfg.population // 3))
+    algo = NSGA2(pop_size=cfg.population, sampling=GenomeSampling(rules, seeds, anchors),
                  crossover=GenomeCrossover(rules), mutation=GenomeMutation(rules), repair=GenomeRepair(rules),
                  eliminate_duplicates=GenomeDuplicates())  # fmt: skip
-    algo.setup(GenomeProblem(score), termination=("n_gen", space.search.generations), seed=space.search.seed, verbose=False)
+    algo.setup(GenomeProblem(score), termination=("n_gen", cfg.generations), seed=cfg.seed, verbose=False)
+    rule: Convergence[Structure] = Convergence(stall=cfg.stall_generations, tolerance=cfg.tolerance, ceiling=cfg.generations)
     try:
-        while run.generations < space.search.generations and not run.over():
+        while not rule.done() and not run.over():
             algo.next()
             run.generations += 1
             X, F = algo.pop.get("X"), algo.pop.get("F")
             run.keep([row[0] for row in X], F[:, 0], F[:, 1])
-            run.report("nsga2", run.generations, space.search.generations)
+            rule.record(run.generations, run.by_structure)
+            run.report("nsga2", run.generations, cfg.generations)
     finally:
         if algo.pop is not None:
             X, F = algo.pop.get("X"), algo.pop.get("F")

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from umsearch.core.cluster import Cluster
 from umsearch.core.errors import SearchSpaceError
 from umsearch.core.links import PRESETS, link_numbers
-from umsearch.core.options import Option, Setting, option
+from umsearch.core.options import Option, Setting, check_value, option
 from umsearch.core.plan import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES_PER_RANK
 from umsearch.core.profile import Link
 from umsearch.core.schedules import PEER_SCHEDULES
@@ -106,15 +106,30 @@ class SearchTable:
 
     population: int = field(default=96, metadata=option("NSGA-II population", dest="population", kind="int",
                                                         bounds=(4, 10_000)))  # fmt: skip
-    generations: int = field(default=30, metadata=option(
-        "NSGA-II generations (the polish runs after them)", dest="generations", kind="int", bounds=(1, 100_000)))
-    time_budget_s: float = field(default=30.0, metadata=option(
+    generations: int = field(default=200, metadata=option(
+        "most NSGA-II generations (a ceiling: NSGA-II stops earlier once it converges, see `stall_generations`; "
+        "the polish runs after it)", dest="generations", kind="int", bounds=(1, 100_000)))  # fmt: skip
+    stall_generations: int = field(default=20, metadata=option(
+        "NSGA-II stops when, over this many generations, no structure (chunks per rank, placement) within 2% of "
+        "the fastest got faster by more than `tolerance`", dest="stall_generations", kind="int",
+        bounds=(1, 100_000)))  # fmt: skip
+    tolerance: float = field(default=0.001, metadata=option(
+        "relative gain below which a structure counts as stalled (0.001: 0.1%)", dest="tolerance", kind="float",
+        bounds=(0, 1)))  # fmt: skip
+    workers: int = field(default=0, metadata=option(
+        "threads that score candidates, each batch split among them (0: every core this process may use); the "
+        "plan does not depend on it", dest="workers", kind="int", bounds=(0, 1024), default_doc="cores available"))  # fmt: skip
+    time_budget_s: float = field(default=120.0, metadata=option(
         "safety stop: after this many seconds keep the best found (the result then depends on machine speed; the "
         "CLI says so)", dest="time_budget_s", kind="float", bounds=(0, 7 * 86400), aliases=("--time-budget",)))  # fmt: skip
     polish_rounds: int = field(default=1, metadata=option(
         "rounds of the final local search, each from the best plan of every structure; a round that improves "
         "nothing ends it (more: steadier across seeds, slower)", dest="polish_rounds", kind="int",
         bounds=(1, 100)))  # fmt: skip
+    polish_stall: int = field(default=40, metadata=option(
+        "a climb of the polish ends after this many jumps in a row found nothing faster (one pipeline; a cluster's "
+        "factorizations get 12); more: steadier across seeds, slower", dest="polish_stall", kind="int",
+        bounds=(1, 10_000)))  # fmt: skip
     seed: int = field(default=0, metadata=option(
         "same seed, same plan (unless the time budget stops the search)", dest="seed", kind="int",
         bounds=(0, 2**32 - 1)))  # fmt: skip
@@ -275,7 +290,7 @@ def markdown_table() -> str:
     rows = ["| key | default | meaning |", "|---|---|---|"]
     rows += [f"| `{o['key']}` | `{_default_doc(o)}` | {o['help']} |" for o in options()]
     return "\n".join(rows).replace("`required`", "required").replace("`file stem`", "file stem").replace(
-        "`B`", "B").replace("`all six`", "all six")
+        "`B`", "B").replace("`all six`", "all six").replace("`cores available`", "cores available")
 
 
 def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
@@ -305,57 +320,9 @@ def _where(table: str, name: str) -> str:
 
 
 def _value(table: str, f: Any, v: Any) -> Any:
-    """One key's value, checked against its metadata; :class:`SearchSpaceError` names the key and the fix."""
-    o, key = _opt(f), _where(table, f.name)
-    kind, bounds = o.kind, o.bounds or (0, math.inf)
-    if kind == "int":
-        return _int(key, v, int(bounds[0]), int(bounds[1]))
-    if kind == "float":
-        return _positive(key, v, bounds[1])
-    if kind == "size":
-        return parse_bytes(v, key)
-    if kind == "bool":
-        return _bool(key, v)
-    if kind == "choice":
-        if v not in o.choices:
-            raise SearchSpaceError(f"{key} = {v!r}: use {', '.join(map(repr, o.choices))}")
-        return v
-    if kind == "ints":
-        return _int_list(key, v, bounds)
-    if kind == "names":
-        return _names(key, v, o.choices)
-    if kind == "link":
-        return parse_link(v, key)
-    if not isinstance(v, str):
-        raise SearchSpaceError(f"{key} = {v!r}: must be a {'path ' if kind == 'path' else ''}string")
-    return v
-
-
-def _int(key: str, v: Any, lo: int, hi: int = 2**31 - 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise SearchSpaceError(f"{key} = {v!r}: must be an integer from {lo} to {hi}")
-    return v
-
-
-def _positive(key: str, v: Any, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 < v <= hi:
-        raise SearchSpaceError(f"{key} = {v!r}: must be a finite positive number up to {hi:g}")
-    return float(v)
-
-
-def _int_list(key: str, v: Any, bounds: tuple[float, float]) -> tuple[int, ...]:
-    items = v if isinstance(v, list | tuple) else [v]
-    if not items:
-        raise SearchSpaceError(f"{key} = {v!r}: give at least one value, e.g. [1, 2]")
-    return tuple(sorted({_int(key, x, int(bounds[0]), int(bounds[1])) for x in items}))
-
-
-def _names(key: str, v: Any, choices: tuple[str, ...]) -> tuple[str, ...]:
-    items = v if isinstance(v, list | tuple) else [v]
-    for p in items:
-        if p not in choices:
-            raise SearchSpaceError(f"{key} names {p!r}; known: {', '.join(choices)}")
-    return tuple(dict.fromkeys(items))
+    """One key's value, checked against its metadata by the one switch on its kind
+    (:func:`umsearch.core.options.check_value`); :class:`SearchSpaceError` names the key and the fix."""
+    return check_value(_opt(f), v, _where(table, f.name), SearchSpaceError, {"size": parse_bytes, "link": parse_link})
 
 
 def parse_link(value: Any, key: str = "cluster.intra") -> Link:
@@ -381,12 +348,6 @@ def parse_link(value: Any, key: str = "cluster.intra") -> Link:
         raise SearchSpaceError(f"{key} has keys {sorted(value)}; give exactly latency_ms and bandwidth_gb_per_s")
     latency, bandwidth = link_numbers(value["latency_ms"], value["bandwidth_gb_per_s"], key, SearchSpaceError)
     return Link(latency_ms=latency, bandwidth_gb_per_s=bandwidth)
-
-
-def _bool(key: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise SearchSpaceError(f"{key} = {v!r}: use true or false")
-    return v
 
 
 def _ranks_alias(v: dict[str, Any]) -> None:
