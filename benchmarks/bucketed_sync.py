@@ -42,12 +42,12 @@ from benchmarks.stats import drift, environment, ratio, summary
 from umsearch.core.actions import parse_actions
 from umsearch.core.cluster import Cluster
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import RuntimeExecutionError
-from umsearch.core.jsonio import write_json
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan, Stage
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Link, Profile, load_profile
+from umsearch.errors import RuntimeExecutionError
+from umsearch.storage.jsonio import write_json
 
 MODEL = {"source": "mlp", "args": {"width": 1024, "layers": 8}}
 SIZES = (1, 4, 16, 64)

@@ -32,10 +32,10 @@ from typing import Any
 
 from benchmarks.stats import environment
 from umsearch.core.data import data_dir
-from umsearch.core.jsonio import write_json
 from umsearch.core.profile import Profile, load_profile
 from umsearch.search.driver import SearchResult, run_search
 from umsearch.search.space import SearchSpace, load_space
+from umsearch.storage.jsonio import write_json
 
 SPACE = "gpt24_h200_2x8.toml"
 NO_CUTOFF_S = 3600.0

@@ -37,7 +37,6 @@ from numba import get_num_threads, prange
 from benchmarks.stats import environment, summary
 from umsearch.core.actions import Action
 from umsearch.core.cost import CostModel, CostTables
-from umsearch.core.jsonio import write_json
 from umsearch.core.plan import Plan, Stage
 from umsearch.measure.synthetic import simnet_profile
 from umsearch.sim import batch
@@ -65,6 +64,7 @@ from umsearch.sim.kernels import (
     received_boundary,
     source_stage,
 )
+from umsearch.storage.jsonio import write_json
 
 L, B = 32, 256
 WORKLOADS = {"r8_v2": (8, 2, 8, 64), "r4_v4": (4, 4, 12, 64)}

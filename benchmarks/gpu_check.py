@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stats import environment
-from umsearch.core.jsonio import write_json
+from umsearch.storage.jsonio import write_json
 
 GPT24 = ["--arg", "layers=24", "--arg", "width=1024", "--arg", "heads=16", "--arg", "seq=1024", "--arg", "vocab=32000"]
 GPT_SMALL = ["--arg", "layers=4", "--arg", "width=64", "--arg", "heads=4", "--arg", "seq=16", "--arg", "vocab=128"]

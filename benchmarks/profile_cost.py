@@ -48,10 +48,10 @@ from typing import Any
 import torch
 
 from benchmarks.stats import drift, environment
-from umsearch.core.jsonio import write_json
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.profile import Link, Profile, save_profile
 from umsearch.nn.models import build_model
+from umsearch.storage.jsonio import write_json
 
 SCHEMA = "umsearch.bench.profile_cost/1"
 LINK = Link(latency_ms=0.1, bandwidth_gb_per_s=5.0)

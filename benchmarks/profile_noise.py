@@ -36,12 +36,12 @@ from typing import Any
 
 import torch
 
-from umsearch.core.jsonio import write_json
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.profile import Link
 from umsearch.measure.profiler import ProfileConfig, device_name, profile_model
 from umsearch.measure.stash import saved_bytes, tensor_bytes
 from umsearch.nn.models import BuiltModel, build_model
+from umsearch.storage.jsonio import write_json
 
 SCHEMA = "umsearch.bench.profile_noise/1"
 LINK = Link(latency_ms=0.1, bandwidth_gb_per_s=5.0)

@@ -48,12 +48,12 @@ import torch
 
 from benchmarks.stats import environment, ratio, summary
 from umsearch.core.cost import CostModel
-from umsearch.core.jsonio import write_json
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan, Stage, equal_split, placed_plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Link, Profile
 from umsearch.core.schedules import PEER_SCHEDULES, warmup_rule
+from umsearch.storage.jsonio import write_json
 
 MODELS: dict[str, dict[str, Any]] = {
     "mlp": {"layers": 7, "width": 256},

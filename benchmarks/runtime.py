@@ -35,11 +35,11 @@ from typing import Any
 
 from benchmarks.stats import environment, kendall_tau, ratio, summary
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import RuntimeExecutionError
-from umsearch.core.jsonio import write_json
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile, load_profile
+from umsearch.errors import RuntimeExecutionError
+from umsearch.storage.jsonio import write_json
 
 MODELS: dict[str, dict[str, Any]] = {
     "gpt": {"source": "gpt", "args": {"layers": 6, "width": 128, "heads": 4, "seq": 64}},

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stats import drift, environment, ratio, summary
-from umsearch.core.jsonio import write_json
+from umsearch.storage.jsonio import write_json
 
 SCHEMA = "umsearch.bench.same_schedule/2"
 SEED = 0
@@ -101,8 +101,8 @@ def _plan(obj: dict[str, Any]) -> Any:
     """A plan the tune document holds, read through the plan files' one gate (checked once)."""
     import tempfile
 
-    from umsearch.core.jsonio import write_json
     from umsearch.core.loader import load_plan_file
+    from umsearch.storage.jsonio import write_json
 
     with tempfile.TemporaryDirectory() as folder:
         return load_plan_file(write_json(Path(folder) / "plan.json", obj)).plan

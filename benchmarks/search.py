@@ -34,12 +34,12 @@ from typing import Any
 
 from benchmarks.stats import drift, environment, ratio, summary
 from umsearch.core.data import data_dir
-from umsearch.core.jsonio import write_json
 from umsearch.core.profile import Profile, load_profile, save_profile
 from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.driver import run_search
 from umsearch.search.space import SearchSpace, SearchTable, build_space, load_space
 from umsearch.search.workers import workers
+from umsearch.storage.jsonio import write_json
 
 RANKS, BATCH = 4, 64
 TWO_REGIME = "two_regime"

@@ -25,12 +25,12 @@ from typing import Any
 
 from benchmarks.stats import environment
 from umsearch.core.data import data_dir
-from umsearch.core.errors import NoFeasiblePlanError
-from umsearch.core.jsonio import write_json
 from umsearch.core.profile import load_profile
+from umsearch.errors import NoFeasiblePlanError
 from umsearch.search.baselines import GREEDY
 from umsearch.search.driver import SearchResult, run_search
 from umsearch.search.space import SearchSpace, load_space
+from umsearch.storage.jsonio import write_json
 
 GIB = 2**30
 GPU_PROFILES = Path(__file__).resolve().parents[2] / "shared" / "gpu-profiles"

@@ -27,12 +27,12 @@ import numba
 from benchmarks.evaluator import random_plan as plan_of_shape
 from benchmarks.stats import environment, summary
 from umsearch.core.cost import CostModel
-from umsearch.core.jsonio import write_json
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
 from umsearch.measure.synthetic import simnet_profile
 from umsearch.sim.batch import encode, evaluate, pack
 from umsearch.sim.reference import simulate
+from umsearch.storage.jsonio import write_json
 
 R, V, L, B = 8, 2, 32, 256
 

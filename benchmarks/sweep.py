@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from umsearch.core.jsonio import write_text_atomic
+from umsearch.storage.jsonio import write_text_atomic
 
 
 def summarize(root: Path) -> str:

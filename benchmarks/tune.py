@@ -39,9 +39,9 @@ from typing import Any
 
 from benchmarks.runtime import measure_profile
 from benchmarks.stats import environment
-from umsearch.core.jsonio import write_json
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.profile import Profile, load_profile
+from umsearch.storage.jsonio import write_json
 
 MODELS: dict[str, dict[str, Any]] = {
     "gpt": {"source": "gpt", "args": {"layers": 6, "width": 128, "heads": 4, "seq": 64}},

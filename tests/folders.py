@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def fill_with(names: dict[str, str]) -> Callable[[Path], None]:
-    """A ``fill`` for :meth:`umsearch.core.output_folder.OutputFolder.write` writing ``names`` (name -> text)."""
+    """A ``fill`` for :meth:`umsearch.storage.output_folder.OutputFolder.write` writing ``names`` (name -> text)."""
 
     def fill(stage: Path) -> None:
         for name, text in names.items():

@@ -386,7 +386,7 @@ def test_search_out_refuses_a_file_of_the_users_before_searching(tmp_path: Path,
 def test_a_killed_searchs_staging_folder_is_removed_by_the_next(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """Only a staging folder whose marker proves it a dead run's goes; nothing beside --out is looked at."""
-    from umsearch.core.output_folder import STAGING_MARKER, make_staging
+    from umsearch.storage.output_folder import STAGING_MARKER, make_staging
 
     save_profile(uniform_profile(), tmp_path / "prof.json")
     _raw(tmp_path, "s.toml", b'profile = "prof.json"\nranks = 2\nglobal_batch = 8\n')

@@ -37,20 +37,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "umsearch"
 
 FLOORS: dict[str, set[str]] = {
-    "core": set(),
-    "sim": {"core"},
-    "search": {"core", "sim"},
-    "nn": {"core"},
-    "adapters": {"core"},
-    "measure": {"core", "nn", "adapters"},
-    "runtime": {"core", "sim", "nn"},
-    "orchestrate": {"core", "sim", "search", "nn", "measure", "runtime"},
-    "cli": {"core", "sim", "search", "nn", "measure", "runtime", "orchestrate", "adapters"},
-    "pipelining": {"runtime"},
+    "errors": set(),
+    "storage": {"errors"},
+    "core": {"errors", "storage"},
+    "formats": {"errors", "core", "storage"},
+    "sim": {"errors", "core"},
+    "search": {"errors", "core", "sim", "storage"},
+    "nn": {"errors", "core"},
+    "adapters": {"errors", "core"},
+    "measure": {"errors", "core", "nn", "adapters", "storage"},
+    "runtime": {"errors", "core", "sim", "nn", "formats", "storage"},
+    "orchestrate": {"errors", "core", "sim", "search", "nn", "measure", "runtime", "formats", "storage"},
+    "cli": {"errors", "core", "sim", "search", "nn", "measure", "runtime", "orchestrate", "adapters", "formats", "storage"},
+    "pipelining": {"errors", "runtime"},
 }
 """What each package may import besides itself (``adapters`` is a module of its own)."""
 
-TORCH_FREE = ("core", "sim", "search")
+TORCH_FREE = ("errors", "storage", "core", "formats", "sim", "search")
 """The deterministic core: pure numpy/Python, never torch."""
 
 Graph = dict[str, dict[str, int]]

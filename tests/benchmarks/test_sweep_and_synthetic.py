@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.sweep import summarize
-from umsearch.core.jsonio import write_json
 from umsearch.measure.synthetic import simnet_profile
+from umsearch.storage.jsonio import write_json
 
 
 def test_simnet_is_deterministic_and_heterogeneous() -> None:

@@ -20,9 +20,9 @@ from tests.folders import tree
 from tests.runtime.test_command import LAYERS, MLP, _plan, two_rank_plan
 from tests.strategies import uniform_profile
 from umsearch.cli.run import run_command
-from umsearch.core.manifest import MANIFEST, read_manifest
 from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
+from umsearch.storage.manifest import MANIFEST, read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,7 +128,7 @@ def _env() -> dict[str, str]:
 
 _KILL_AT_COMMIT = """
 import os, signal, sys
-import umsearch.core.output_folder as of
+import umsearch.storage.output_folder as of
 real = of.OutputFolder._commit
 def commit(self, stage):
     os.kill(os.getpid(), signal.SIG{sig})  # as if the batch system stopped the job right now

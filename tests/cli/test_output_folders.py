@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from tests.cli.helpers import run_cli
 from tests.orchestrate.test_tune import PROFILE, TIMES, FakeMachine, _candidates
 from tests.strategies import uniform_profile
-from umsearch.core.files import identity
-from umsearch.core.manifest import MANIFEST, SCHEMA
 from umsearch.core.profile import save_profile
+from umsearch.storage.manifest import MANIFEST, SCHEMA
+from umsearch.storage.reading import identity
 
 SPACE = b'profile = "prof.json"\nranks = 2\nglobal_batch = 8\n'
 
@@ -220,10 +220,10 @@ def test_whatever_the_folder_holds_the_users_files_survive_or_are_named(tmp_path
     """After a search's or a tune's output folder writes (as the commands set it up), every file the user had
     is byte-identical, or the run stopped before writing and named it."""
     from umsearch.cli.report import output_folder
-    from umsearch.core.errors import OutputError
-    from umsearch.core.output_folder import OutputFolder
+    from umsearch.errors import OutputError
     from umsearch.orchestrate.tune_output import EXPORT_FILES, FILES
     from umsearch.search.space import build_space
+    from umsearch.storage.output_folder import OutputFolder
 
     tmp = tmp_path_factory.mktemp("prop")
     save_profile(uniform_profile(), tmp / "prof.json")

@@ -27,12 +27,17 @@ from tests.folders import fill_with, tree
 from umsearch.cli.export import _names as export_names
 from umsearch.cli.replay import REPLAY_FILE
 from umsearch.cli.report import FILES as SEARCH_FILES
-from umsearch.core.errors import Interrupted, OutputError
-from umsearch.core.files import identity
-from umsearch.core.manifest import MANIFEST, read_manifest
-from umsearch.core.output_folder import STAGING_MARKER, STAGING_SCHEMA, OutputFolder, left_staging
+from umsearch.errors import Interrupted, OutputError
 from umsearch.orchestrate.tune_output import EXPORT_FILES as TUNE_EXPORT_FILES
 from umsearch.orchestrate.tune_output import FILES as TUNE_FILES
+from umsearch.storage.manifest import MANIFEST, read_manifest
+from umsearch.storage.output_folder import (
+    STAGING_MARKER,
+    STAGING_SCHEMA,
+    OutputFolder,
+    left_staging,
+)
+from umsearch.storage.reading import identity
 
 
 def _search(out: Path, tag: str, baselines: tuple[str, ...] = ("A", "B")) -> list[Path]:

@@ -14,13 +14,13 @@ import pytest
 
 from tests.contract import EXAMPLE5, EXAMPLE5_DEADLOCK, unit_profile
 from umsearch.core import plan_rules
-from umsearch.core.errors import PlanError
 from umsearch.core.loader import load_plan_file
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import PlanDocument, save_document, save_plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import save_profile
 from umsearch.core.program import lower
+from umsearch.errors import PlanError
 from umsearch.sim.reference import simulate
 
 

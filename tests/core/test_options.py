@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from umsearch.core.errors import SearchSpaceError
 from umsearch.core.options import KIND_RULES, ValueKind, check_value, kind_rule
+from umsearch.errors import SearchSpaceError
 from umsearch.runtime.config import flags
 from umsearch.runtime.torchrun import parser
 from umsearch.search import space

@@ -11,10 +11,10 @@ import pytest
 
 from tests.contract import EXAMPLE3
 from umsearch.core import plan_io
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import MAX_ACTIONS, MAX_MICROBATCHES, MAX_PLAN_STAGES, MAX_RANKS
 from umsearch.core.plan_io import _parse_document
 from umsearch.core.plan_rules import validate_plan
+from umsearch.errors import PlanError
 from umsearch.search.space import MAX_RANKS as SPACE_MAX_RANKS
 from umsearch.search.space import options
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from tests.contract import EXAMPLE3, example8
-from umsearch.core.errors import PlanError
 from umsearch.core.loader import load_plan_file
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import save_plan
+from umsearch.errors import PlanError
 
 
 def _example8_json(**changes: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from tests.contract import unit_profile
-from umsearch.core.errors import ProfileError
 from umsearch.core.links import (
     MAX_BANDWIDTH_GB_PER_S,
     MAX_LATENCY_MS,
@@ -17,6 +16,7 @@ from umsearch.core.links import (
     PRESETS,
 )
 from umsearch.core.profile import RuntimeCosts, load_profile, profile_from_json
+from umsearch.errors import ProfileError
 
 
 def _with_runtime(**runtime: Any) -> dict[str, Any]:

@@ -11,9 +11,9 @@ import torch
 from click.testing import CliRunner
 
 from umsearch.cli.profile_model import link_choice, profile_command
-from umsearch.core.errors import OutputError, ProfilingError, UmsearchError
 from umsearch.core.links import ONE_GPU_DEFAULT, PRESETS
 from umsearch.core.profile import load_profile, profile_from_json, profile_precision
+from umsearch.errors import OutputError, ProfilingError, UmsearchError
 
 LINK = ["--link-latency-ms", "0.1", "--link-bandwidth-gbps", "5"]
 TINY = ["mlp", "--arg", "layers=2", "--arg", "width=8", "--sizes", "1,2", "--repeats", "1"]

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from umsearch.cli.profile_model import profile_command
-from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import Link, profile_from_json
+from umsearch.errors import ProfilingError
 from umsearch.measure.stash import saved_bytes
 from umsearch.nn.models import ModelSpec, build_model
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from umsearch.core.errors import ProfileError
 from umsearch.core.profile import Link, check_not_partial, profile_from_json, profile_partial
+from umsearch.errors import ProfileError
 from umsearch.measure import profiler
 from umsearch.measure.burst import Unit
 from umsearch.measure.rounds import cover_windows, windows_holding

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from umsearch.core.errors import ModelSpecError
+from umsearch.errors import ModelSpecError
 from umsearch.nn.adapters import HiddenState, check_layer_outputs, first_tensor
 
 

@@ -17,9 +17,9 @@ import torch
 pytest.importorskip("transformers")
 
 from tests.runtime.helpers import plan_of  # noqa: E402
-from umsearch.core.errors import ModelSpecError  # noqa: E402
 from umsearch.core.model_spec import ModelSpec  # noqa: E402
 from umsearch.core.plan import Plan  # noqa: E402
+from umsearch.errors import ModelSpecError  # noqa: E402
 from umsearch.nn.hf import _config, _split  # noqa: E402
 from umsearch.nn.models import build_model  # noqa: E402
 from umsearch.nn.spec import BuiltModel  # noqa: E402

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from umsearch.core.errors import ModelSpecError
 from umsearch.core.model_spec import ModelSpec
+from umsearch.errors import ModelSpecError
 from umsearch.nn.models import build_model
 
 PACKAGE, SPEC = "umsearch_cwd_models", "umsearch_cwd_models.tiny:build"

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 
 from tests.strategies import uniform_profile
 from umsearch.cli.main import cli
-from umsearch.core.errors import PlanError
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.profile import Link, Profile, load_profile, save_profile
+from umsearch.errors import PlanError
 from umsearch.orchestrate.calibration import require_this_machine
 from umsearch.orchestrate.fit import ActionSample, fit_runtime
 

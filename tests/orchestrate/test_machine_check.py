@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from tests.contract import unit_profile
-from umsearch.core.errors import PlanError
+from umsearch.errors import PlanError
 from umsearch.orchestrate.calibration import require_this_machine
 
 

@@ -21,10 +21,10 @@ from tests.runtime.test_command import MLP, two_rank_plan
 from tests.runtime.test_distributed import CFG, PLANS, _on_layers, many_plans, reference
 from tests.runtime.test_distributed import tiny_model as built_tiny_model
 from umsearch.cli.run import run_command
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import save_plan
 from umsearch.core.plan_rules import validate_plan
+from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.executor import StageExecutor
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import launch

@@ -32,9 +32,9 @@ from tests.contract import (
     warmup_plan,
 )
 from umsearch.cli.run import run_command
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import save_plan
+from umsearch.errors import RuntimeExecutionError
 from umsearch.nn.spec import BuiltModel
 from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.launch import RankFailure, launch

@@ -25,8 +25,8 @@ from tests.runtime.helpers import (
 )
 from tests.strategies import plans
 from umsearch.core.deps import find_deadlock
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
+from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.executor import RECV_WINDOW, StageExecutor, tag
 from umsearch.runtime.shapes import SampleShape, encode
 

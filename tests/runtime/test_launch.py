@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from umsearch.cli.run import run_command, split_values, validate_command
-from umsearch.core.errors import RuntimeExecutionError
+from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.config import (
     FLAGS,
     LaunchConfig,

@@ -14,10 +14,10 @@ from tests.runtime.helpers import plan_of
 from tests.strategies import uniform_profile
 from umsearch.cli.run import run_command
 from umsearch.core.actions import ActionRecord
-from umsearch.core.errors import PlanError
 from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
 from umsearch.core.units import format_bytes
+from umsearch.errors import PlanError
 from umsearch.runtime.preflight import DeviceMemory, check_memory, memory_refusal
 from umsearch.runtime.run_plan import (
     NOT_MEASURED_ON_CPU,

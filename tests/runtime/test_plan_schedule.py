@@ -19,8 +19,8 @@ import torch
 from tests.contract import EXAMPLE3, EXAMPLE4, EXAMPLE5
 from tests.runtime.helpers import peer_plan, plan_of
 from tests.runtime.test_distributed import tiny_model
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
+from umsearch.errors import PlanError
 from umsearch.runtime.config import LaunchConfig
 from umsearch.runtime.launch import launch
 from umsearch.runtime.plan_schedule import check_stages

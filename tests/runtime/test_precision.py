@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.runtime.helpers import plan_of, tiny_model
-from umsearch.core.errors import ProfilingError
+from umsearch.errors import ProfilingError
 from umsearch.nn.precision import (
     OVERRIDE_ENV,
     LossScaler,

@@ -24,11 +24,11 @@ from tests.contract import (
 from tests.strategies import plans, uniform_profile
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import find_deadlock
-from umsearch.core.errors import ModelSpecError, PlanError
 from umsearch.core.loader import LoadedPlan, load_plan_file
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
+from umsearch.errors import ModelSpecError, PlanError
 from umsearch.nn.spec import BuiltModel
 from umsearch.runtime.config import ModelChoice
 from umsearch.runtime.factory import (

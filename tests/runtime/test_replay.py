@@ -29,11 +29,11 @@ from tests.runtime.helpers import (
 from tests.strategies import uniform_profile
 from umsearch.cli.replay import replay_command
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import save_plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import save_profile
+from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.replay import REPLAY_SCHEMA, parse_device, predict, replay_rank, untag
 from umsearch.runtime.shapes import SampleShape, decode, of_tensor
 from umsearch.sim.reference import simulate

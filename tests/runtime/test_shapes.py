@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from umsearch.core.errors import RuntimeExecutionError
+from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.runtime.helpers import placed, plan_of
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
+from umsearch.errors import PlanError
 from umsearch.nn.tied import mark_tied, tied_layers
 from umsearch.runtime.tied import TiedGrads, marked_ties, ties_by_identity, ties_by_name
 

@@ -23,8 +23,8 @@ else:
     pytest.importorskip("torchtitan.models.llama3")  # noqa: E402 (imports triton as well)
 
 from tests.runtime.helpers import placed, plan_of  # noqa: E402
-from umsearch.core.errors import PlanError  # noqa: E402
 from umsearch.core.plan import Plan  # noqa: E402
+from umsearch.errors import PlanError  # noqa: E402
 from umsearch.runtime.plan_schedule import joined_microbatches  # noqa: E402
 
 LAYERS = 6
@@ -174,7 +174,7 @@ def test_a_plan_without_module_names_or_of_another_batch_is_refused() -> None:
 
 
 def test_the_exported_recipe_gives_torchtitan_this_pipelining_fn(tmp_path: Any) -> None:
-    from umsearch.core.torchtitan import RECIPE_FILE, plan_schedule_recipe
+    from umsearch.formats.torchtitan import RECIPE_FILE, plan_schedule_recipe
 
     plan = _plans()[0]
     (tmp_path / "umsearch_plan.json").write_text(json.dumps(plan.to_json()))

@@ -31,7 +31,7 @@ from umsearch.core.plan import Plan, placed_plan
 from umsearch.core.plan_io import save_plan
 from umsearch.core.profile import save_profile
 from umsearch.core.schedules import one_f_one_b
-from umsearch.core.torchtitan import PLAN_FILE, RECIPE_FILE, plan_schedule_recipe
+from umsearch.formats.torchtitan import PLAN_FILE, RECIPE_FILE, plan_schedule_recipe
 from umsearch.runtime.config import LaunchConfig
 from umsearch.runtime.launch import launch
 

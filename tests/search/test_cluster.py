@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from umsearch.core.cluster import Cluster
-from umsearch.core.errors import SearchSpaceError
 from umsearch.core.loader import load_plan_file
 from umsearch.core.plan_io import PlanDocument, save_document
 from umsearch.core.profile import Link, load_profile
+from umsearch.errors import SearchSpaceError
 from umsearch.search.driver import run_search
 from umsearch.search.factorize import (
     Factorization,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.search.helpers import assert_obeys, genomes, raw_genomes, rules_st
 from tests.strategies import uniform_profile
-from umsearch.core.errors import SearchSpaceError
+from umsearch.errors import SearchSpaceError
 from umsearch.search.genome import (
     Rules,
     default_rank_caps,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from umsearch.core.errors import NoFeasiblePlanError
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import save_profile
+from umsearch.errors import NoFeasiblePlanError
 from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.driver import Progress, run_search
 from umsearch.search.space import build_space

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from umsearch.core.errors import SearchSpaceError
+from umsearch.errors import SearchSpaceError
 from umsearch.search.space import build_space, load_space, parse_bytes
 
 

@@ -15,8 +15,8 @@ from tests.sim.test_contract import SIMULATORS
 from tests.strategies import dp_plans, profiles
 from umsearch.core.cluster import MIB, bucket_cap_bytes, bucket_firsts
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
+from umsearch.errors import PlanError
 from umsearch.sim.batch import encode, evaluate, pack
 from umsearch.sim.reference import bucket_spans, simulate
 

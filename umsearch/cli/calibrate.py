@@ -13,11 +13,11 @@ from rich.markup import escape
 from umsearch.cli.console import console, write_output
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.progress import Reporter
-from umsearch.core.errors import ModelSpecError, ProfilingError, RuntimeExecutionError
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.options import int_in, option
-from umsearch.core.outputs import check_output_file
 from umsearch.core.profile import Profile, check_not_partial, load_profile, save_profile
+from umsearch.errors import ModelSpecError, ProfilingError, RuntimeExecutionError
+from umsearch.storage.outputs import check_output_file
 
 
 def _spec(profile: Profile, path: str, model: str | None, args: tuple[str, ...], trust: bool) -> ModelSpec:

@@ -12,9 +12,9 @@ from rich.table import Table
 
 from umsearch.cli.console import console, write_output
 from umsearch.cli.flags import shared
-from umsearch.core.errors import PlanError
-from umsearch.core.outputs import check_output_file
 from umsearch.core.units import format_bytes
+from umsearch.errors import PlanError
+from umsearch.storage.outputs import check_output_file
 
 
 def compare_rows(paths: tuple[str, ...], profile: str | None) -> list[dict[str, Any]]:

@@ -10,8 +10,8 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.text import Text
 
-from umsearch.core.errors import OutputError
-from umsearch.core.outputs import OutputWriteError, check_output_file
+from umsearch.errors import OutputError
+from umsearch.storage.outputs import OutputWriteError, check_output_file
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -42,7 +42,7 @@ def abort(message: str, code: int = 1) -> NoReturn:
 
 
 def write_output(path: str, flag: str, write: Callable[[str], Any]) -> None:
-    """``write(path)`` (a writer going through :func:`umsearch.core.outputs.write_output_file`), with
+    """``write(path)`` (a writer going through :func:`umsearch.storage.outputs.write_output_file`), with
     ``path`` checked first under ``flag``'s name and a failure as one line, nothing partial left."""
     check_output_file(path, flag)
     try:

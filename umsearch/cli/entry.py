@@ -2,7 +2,7 @@
 
 Importing the commands (click, rich, numpy, sometimes torch) takes long enough
 for a batch system's SIGTERM or a Ctrl-C to land in it. From here on SIGTERM
-and SIGHUP raise :class:`~umsearch.core.errors.Interrupted` (a
+and SIGHUP raise :class:`~umsearch.errors.Interrupted` (a
 ``KeyboardInterrupt``), as Ctrl-C raises ``KeyboardInterrupt``: a long command
 stops and keeps its work, and every command exits with 128 + the signal
 (SIGTERM 143, Ctrl-C 130) and one line, never killed by the signal itself and
@@ -19,7 +19,7 @@ _STOPPING = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:
-    from umsearch.core.errors import Interrupted
+    from umsearch.errors import Interrupted
 
     raise Interrupted(signum)
 

@@ -1,7 +1,7 @@
 """``umsearch export``: a plan as files other trainers read (torch's schedule CSV, torchtitan settings).
 
 Into a folder, export writes as every command does
-(:class:`~umsearch.core.output_folder.OutputFolder`): it replaces only files
+(:class:`~umsearch.storage.output_folder.OutputFolder`): it replaces only files
 it proves an export of the same format wrote there, never an input (the plan,
 its profile, the baselines beside it) and never a file of the user's or of
 another command. An explicit ``--out FILE.csv`` is replaced atomically.
@@ -20,16 +20,16 @@ from rich.markup import escape
 
 from umsearch.cli.console import console, write_output
 from umsearch.cli.flags import rows, shared, take
-from umsearch.core.errors import PlanError
-from umsearch.core.jsonio import write_text_atomic
 from umsearch.core.loader import LoadedPlan, load_plan_file
 from umsearch.core.options import option
-from umsearch.core.outputs import check_output_dir, check_output_file
 from umsearch.core.plan import Plan
+from umsearch.errors import PlanError
+from umsearch.storage.jsonio import write_text_atomic
+from umsearch.storage.outputs import check_output_dir, check_output_file
 
 if TYPE_CHECKING:
-    from umsearch.core.output_folder import OutputFolder
-    from umsearch.core.torchtitan import TorchtitanExport
+    from umsearch.formats.torchtitan import TorchtitanExport
+    from umsearch.storage.output_folder import OutputFolder
 
 FORMATS = ("pipelining-csv", "torchtitan")
 CSV_FILE = "schedule.csv"
@@ -40,13 +40,13 @@ Files = dict[str, str]
 
 def _names(fmt: str) -> list[str]:
     """Every name an export of ``fmt`` may write into its folder."""
-    from umsearch.core.torchtitan import PLAN_FILE, RECIPE_FILE
+    from umsearch.formats.torchtitan import PLAN_FILE, RECIPE_FILE
 
     return [CSV_FILE] if fmt == "pipelining-csv" else [TOML_FILE, PLAN_FILE, RECIPE_FILE, CSV_FILE]
 
 
 def _csv(plan: Plan) -> str:
-    from umsearch.core.export import pipelining_csv
+    from umsearch.formats.torch_csv import pipelining_csv
 
     if not plan.equal_microbatches or len(set(plan.stages[0].forward)) != 1:
         raise PlanError("the plan has unequal microbatches; torch.distributed.pipelining splits the batch into equal "
@@ -59,7 +59,7 @@ def _csv(plan: Plan) -> str:
 
 
 def _expressed(plan: Plan, modules: list[str]) -> TorchtitanExport:
-    from umsearch.core.torchtitan import torchtitan_export
+    from umsearch.formats.torchtitan import torchtitan_export
 
     return torchtitan_export(plan, modules)
 
@@ -72,7 +72,7 @@ def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str],
     Returns the reason (with the way out) when there is none; raises when the baselines file is malformed or
     none of its baselines fits the plan (the file is wrong).
     """
-    from umsearch.core.baselines_file import BASELINES_FILE, checked_baselines
+    from umsearch.formats.baselines_file import BASELINES_FILE, checked_baselines
     from umsearch.sim.reference import simulate
 
     path = plan_path.with_name(BASELINES_FILE)
@@ -105,7 +105,7 @@ def _fallback(loaded: LoadedPlan, plan_path: Path, modules: list[str],
 
 def _torchtitan(loaded: LoadedPlan, plan_path: Path) -> tuple[Files, list[str]]:
     """The torchtitan export's files and the notes for the user."""
-    from umsearch.core.torchtitan import module_names
+    from umsearch.formats.torchtitan import module_names
 
     if loaded.profile is None:
         raise PlanError(f"{plan_path}: torchtitan needs the layers' module names, from the profile; pass --profile")
@@ -182,14 +182,14 @@ def export_command(plan_path: str, fmt: str, out: str, profile: str | None, as_j
 
 def _read_beside(loaded: LoadedPlan) -> list[str | Path]:
     """The other files the export read: the plan's profile and the baselines beside the plan."""
-    from umsearch.core.baselines_file import BASELINES_FILE
+    from umsearch.formats.baselines_file import BASELINES_FILE
 
     return [p for p in (loaded.profile_path, loaded.path.with_name(BASELINES_FILE)) if p is not None]
 
 
 def _folder(target: Path, fmt: str, inputs: list[Any]) -> OutputFolder:
     """The ``--out`` folder, checked before the export is computed: every name it may write, every input."""
-    from umsearch.core.output_folder import OutputFolder
+    from umsearch.storage.output_folder import OutputFolder
 
     return OutputFolder(target, "--out", command=f"export-{fmt}", inputs=inputs, expected=_names(fmt), last=())
 
@@ -211,7 +211,7 @@ def _write(files: Files, target: Path, folder: OutputFolder | None) -> list[str]
 def _recipe(plan: Plan, modules: list[str], plan_path: Path, notes: list[str]) -> Files:
     """The plan itself and the PlanSchedule recipe that runs it in torchtitan (none, with a note why, where
     torchtitan cannot place the plan's stages)."""
-    from umsearch.core.torchtitan import PLAN_FILE, RECIPE_FILE, plan_schedule_recipe
+    from umsearch.formats.torchtitan import PLAN_FILE, RECIPE_FILE, plan_schedule_recipe
 
     try:
         recipe = plan_schedule_recipe(plan, modules, str(plan_path))

@@ -27,7 +27,7 @@ PROGRESS_MODES = ("auto", "bars", "lines", "none")
 @dataclass(frozen=True, kw_only=True)
 class Shared:
     """Flags that mean the same on every command that takes them. Output paths are text here: each command
-    checks its own before any work, with the way out (:mod:`umsearch.core.outputs`)."""
+    checks its own before any work, with the way out (:mod:`umsearch.storage.outputs`)."""
 
     as_json: bool = field(default=False, metadata=option(
         "Print the command's result as one JSON object instead of tables.", kind="switch", flag="--json"))

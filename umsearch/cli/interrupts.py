@@ -3,7 +3,7 @@
 Batch systems (Slurm, systemd, ``timeout``) stop a job with SIGTERM. Left to
 its default, SIGTERM kills Python at once and a search or a tune loses every
 plan it found and every round it measured. While :class:`StopSignals` is
-active, SIGTERM and SIGHUP raise :class:`~umsearch.core.errors.Interrupted`
+active, SIGTERM and SIGHUP raise :class:`~umsearch.errors.Interrupted`
 (a ``KeyboardInterrupt``), which the search and the tune loop already answer
 by stopping and returning what they have; the command writes it and exits
 with :attr:`StopSignals.exit_code` (128 + the signal, as a shell reports it).
@@ -14,8 +14,8 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
-from umsearch.core.errors import Interrupted
-from umsearch.core.signals import SignalScope
+from umsearch.errors import Interrupted
+from umsearch.storage.signals import SignalScope
 
 
 class StopSignals(SignalScope):

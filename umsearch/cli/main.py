@@ -2,7 +2,7 @@
 
 Commands live next to the code they drive and are imported only when invoked,
 so ``umsearch simulate`` never pays for importing torch. Every user error is a
-:class:`~umsearch.core.errors.UmsearchError`; :func:`main` turns it into one red
+:class:`~umsearch.errors.UmsearchError`; :func:`main` turns it into one red
 line and exit code 1 (tracebacks with ``UMSEARCH_DEBUG=1``).
 """
 
@@ -20,7 +20,7 @@ from rich.markup import escape
 from umsearch import __version__
 from umsearch.cli.console import abort, console, debug_enabled
 from umsearch.cli.flags import shared
-from umsearch.core.errors import UmsearchError
+from umsearch.errors import UmsearchError
 
 # name -> "module:attribute" of a click.Command, imported on first use.
 _LAZY_COMMANDS = {
@@ -121,8 +121,8 @@ def show_command(
     from umsearch.cli.pictures import write_chrome_trace, write_gantt
     from umsearch.cli.tables import plan_tables
     from umsearch.core.loader import load_plan_file
-    from umsearch.core.outputs import check_output_file
     from umsearch.sim.reference import simulate
+    from umsearch.storage.outputs import check_output_file
 
     gantt = str(Path(plan_path).with_name(Path(plan_path).stem + "_timeline.png")) if gantt is None else gantt
     inputs = [plan_path, *([profile] if profile else [])]

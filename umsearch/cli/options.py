@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from umsearch.core.errors import UmsearchError
 from umsearch.core.options import Setting
+from umsearch.errors import UmsearchError
 
 _CLICK_TYPES: dict[str, Any] = {"int": int, "float": float, "size": str, "text": str, "link": str,
                                 "path": click.Path(dir_okay=False), "folder": click.Path(file_okay=False)}  # fmt: skip

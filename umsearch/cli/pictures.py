@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from umsearch.core.actions import KINDS
-from umsearch.core.jsonio import write_bytes_atomic, write_json
+from umsearch.storage.jsonio import write_bytes_atomic, write_json
 
 TRACE_SCHEMA = "umsearch.trace/2"
 _KIND_NAMES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}

@@ -17,9 +17,7 @@ from umsearch.cli.console import console, warn
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.progress import Reporter
-from umsearch.core.errors import ProfilingError
 from umsearch.core.fields import MAX_INT
-from umsearch.core.jsonio import write_json
 from umsearch.core.links import (
     MAX_BANDWIDTH_GB_PER_S,
     MAX_LATENCY_MS,
@@ -29,7 +27,6 @@ from umsearch.core.links import (
 )
 from umsearch.core.model_spec import ModelSpec, parse_arg
 from umsearch.core.options import float_in, int_at_least, option
-from umsearch.core.outputs import check_output_file
 from umsearch.core.profile import (
     PRECISIONS,
     Link,
@@ -38,6 +35,7 @@ from umsearch.core.profile import (
     profile_precision,
     save_profile,
 )
+from umsearch.errors import ProfilingError
 from umsearch.measure.profiler import (
     CONTEXT_LAYERS,
     DEFAULT_REPEATS,
@@ -47,6 +45,8 @@ from umsearch.measure.profiler import (
     measured_context,
 )
 from umsearch.nn.precision import Precision, check_precision
+from umsearch.storage.jsonio import write_json
+from umsearch.storage.outputs import check_output_file
 
 DEFAULT_SIZES = "1,2,4,8,16,32"
 CHECK_REPEATS = 7

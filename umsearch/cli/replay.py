@@ -26,9 +26,9 @@ from umsearch.cli.run import (
 )
 from umsearch.core.actions import KINDS
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.loader import load_plan_file
 from umsearch.core.options import option
+from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.config import FLAGS, ModelChoice
 
 REPLAY_FILE = "replay.json"
@@ -65,7 +65,6 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
                    out: str | None, **values: Any) -> None:  # fmt: skip
     """Run one rank of PLAN.json alone (every message to it made up, every message from it dropped) and
     compare its measured busy time and memory with the prediction."""
-    from umsearch.core.output_folder import OutputFolder
     from umsearch.runtime.factory import spec_factory, user_model
     from umsearch.runtime.replay import (
         check_rank,
@@ -76,6 +75,7 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
         replay_rank,
         session_config,
     )
+    from umsearch.storage.output_folder import OutputFolder
 
     if rank is not None and all_ranks:
         raise RuntimeExecutionError(f"--rank {rank} and --all-ranks both name the ranks to replay; give one of them")
@@ -115,7 +115,7 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
             "state_factor": run_state_factor(cfg), "optimizer": cfg.optimizer, "warnings": warnings}  # fmt: skip
     doc = replay_document(replays, steps=steps, meta=meta)
     if folder is not None:
-        from umsearch.core.jsonio import write_json
+        from umsearch.storage.jsonio import write_json
 
         folder.write(lambda stage: write_json(stage / REPLAY_FILE, doc))
     if as_json:

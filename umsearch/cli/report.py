@@ -2,7 +2,7 @@
 
 Every file is first written into a staging folder inside the output folder;
 only when all of them are there are they renamed into place, ``plan.json``
-last (:class:`umsearch.core.output_folder.OutputFolder`). Files the user keeps in the
+last (:class:`umsearch.storage.output_folder.OutputFolder`). Files the user keeps in the
 folder are left alone: only what the previous search wrote there (its
 manifest) is replaced or removed, and never an input the search read. So a
 Ctrl-C, a full disk or a second search into the same ``--out`` never leaves a
@@ -17,18 +17,18 @@ from typing import Any
 from rich.table import Table
 
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import OutputError
-from umsearch.core.jsonio import write_json, write_text_atomic
-from umsearch.core.output_folder import OutputFolder
 from umsearch.core.plan_io import PlanDocument, save_document
 from umsearch.core.profile import Profile, file_sha256
 from umsearch.core.units import format_bytes
+from umsearch.errors import OutputError
 from umsearch.search.baselines import GREEDY
 from umsearch.search.driver import SearchResult
 from umsearch.search.scoring import Scored
 from umsearch.search.space import SearchSpace
 from umsearch.sim.reference import simulate
 from umsearch.sim.result import SimResult
+from umsearch.storage.jsonio import write_json, write_text_atomic
+from umsearch.storage.output_folder import OutputFolder
 
 PARETO_SCHEMA = "umsearch.pareto/1"
 BASELINES_SCHEMA = "umsearch.baselines/2"

@@ -34,12 +34,12 @@ from umsearch.cli.console import abort as _fail
 from umsearch.cli.console import console, debug_enabled, err_console, warn, write_output
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.progress import Reporter
-from umsearch.core.errors import PlanError, RuntimeExecutionError, UmsearchError
 from umsearch.core.fields import MAX_INT
 from umsearch.core.loader import LoadedPlan, load_plan_file
 from umsearch.core.options import int_at_least, option
 from umsearch.core.plan import Plan
 from umsearch.core.profile import file_sha256
+from umsearch.errors import PlanError, RuntimeExecutionError, UmsearchError
 from umsearch.runtime.config import (
     FLAGS,
     ModelChoice,
@@ -428,7 +428,7 @@ def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: Model
         meta = {"plan": str(plan_path), "iteration_ms": median.iteration_ms}
         write_output(trace, "--trace", lambda p: write_chrome_trace(median.records, p, source="measured", metadata=meta))
     if cfg.out:
-        from umsearch.core.jsonio import write_json
+        from umsearch.storage.jsonio import write_json
 
         write_output(cfg.out, "--out", lambda p: write_json(p, doc))
     if as_json:
@@ -532,7 +532,7 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
     doc = {**fidelity_document(report, cfg, cpus=usable_cpus()), "profile_held_out_mape_percent": held_out,
            "precision": cfg.precision, "profiled_on_other_device": other_device, "memory": memory}  # fmt: skip
     if out:
-        from umsearch.core.jsonio import write_json
+        from umsearch.storage.jsonio import write_json
 
         write_output(out, "--out", lambda p: write_json(p, doc))
     if extra["as_json"]:

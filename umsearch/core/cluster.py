@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from umsearch.core.errors import PlanError
 from umsearch.core.fields import check_keys, integer, mapping, number, required
 from umsearch.core.profile import Link, link_from_json
+from umsearch.errors import PlanError
 
 MIB = 1 << 20
 """Bytes in a MiB: ``bucket_mib`` counts in these."""

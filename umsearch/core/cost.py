@@ -20,9 +20,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.profile import QUANTITIES, Profile, RuntimeCosts
+from umsearch.errors import PlanError
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from umsearch.core.actions import Action, B, F, Kind, indexed_list, source_stage
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.program import Handoff, RankProgram, lower, untag
 from umsearch.core.samples import spans
+from umsearch.errors import PlanError
 
 
 @dataclass(frozen=True)

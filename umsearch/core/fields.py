@@ -13,7 +13,7 @@ import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from umsearch.core.errors import UmsearchError
+from umsearch.errors import UmsearchError
 
 MAX_MS = 1e9
 """Largest time a profile may state (about 11 days): sums of such times stay finite."""

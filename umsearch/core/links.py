@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from umsearch.core.errors import UmsearchError
+from umsearch.errors import UmsearchError
 
 MIN_BANDWIDTH_GB_PER_S = 1e-3
 """Slowest link a user may state: 1 MB/s, eight times slower than a 10 Mb/s Ethernet from 1990

@@ -21,14 +21,14 @@ from typing import Any
 
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import check_deadlock
-from umsearch.core.errors import ModelSpecError, PlanError
 from umsearch.core.fields import number
-from umsearch.core.jsonio import read_json
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import PlanDocument, _parse_document, resolve_profile_path
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Profile, load_profile
+from umsearch.errors import ModelSpecError, PlanError
+from umsearch.storage.jsonio import read_json
 
 DEFAULT_STATE_FACTOR = 4.0
 """Bytes of training state per parameter byte when neither the plan nor the user says (fp32 weights,

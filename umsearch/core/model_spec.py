@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from umsearch.core.errors import ModelSpecError
+from umsearch.errors import ModelSpecError
 
 ZOO_NAMES = ("gpt", "vgg16", "mlp", "hybrid")
 """Models that ship with umsearch (:mod:`umsearch.nn.zoo`); with ``hf:`` models, the only sources a file may

@@ -64,7 +64,7 @@ class Option:
     metavar: str | None = None
     """Placeholder in ``--help``."""
     parse: Callable[[str], Any] | None = None
-    """Flag text to value, raising ``ValueError`` (or a :class:`~umsearch.core.errors.UmsearchError`) with the fix."""
+    """Flag text to value, raising ``ValueError`` (or a :class:`~umsearch.errors.UmsearchError`) with the fix."""
     show: Callable[[Any], str] = str
     """Value to flag text that :attr:`parse` reads back to the same value."""
     invert: bool = False

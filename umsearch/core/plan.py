@@ -26,7 +26,7 @@ from typing import Any
 
 from umsearch.core.actions import Action
 from umsearch.core.cluster import DEFAULT_BUCKET_MIB, DEFAULT_LAYOUT, Cluster
-from umsearch.core.errors import PlanError
+from umsearch.errors import PlanError
 
 SCHEMA = "umsearch.plan/2"
 SCHEMA_V1 = "umsearch.plan/1"

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.errors import ProfileError, UmsearchError
 from umsearch.core.fields import MAX_BYTES, check_keys, integer, mapping, number, required, text
-from umsearch.core.jsonio import read_json, write_json
 from umsearch.core.links import link_numbers
+from umsearch.errors import ProfileError, UmsearchError
+from umsearch.storage.jsonio import read_json, write_json
 
 SCHEMA = "umsearch.profile/2"
 SCHEMAS = ("umsearch.profile/1", SCHEMA)

@@ -42,10 +42,10 @@ from umsearch.core.actions import (
     on_forward_list,
     source_stage,
 )
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import RUNS
 from umsearch.core.samples import all_overlaps
+from umsearch.errors import PlanError
 
 RECV_WINDOW = 2
 """On each link, receives cover the messages of the next this-many steps that read from it."""

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from umsearch.core.errors import ProfilingError
+from umsearch.errors import ProfilingError
 from umsearch.nn.backward import WeightWork, backward_full, backward_input, backward_weight
 from umsearch.nn.precision import LossScaler, Precision
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import Profile
+from umsearch.errors import ProfilingError
 from umsearch.measure.curves import iqr, median
 from umsearch.measure.profiler import (
     ProfileConfig,

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from umsearch.core.errors import ProfilingError
 from umsearch.core.links import MAX_BANDWIDTH_GB_PER_S, MAX_LATENCY_MS, MIN_BANDWIDTH_GB_PER_S
+from umsearch.errors import ProfilingError
 
 DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
 

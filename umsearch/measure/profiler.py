@@ -58,8 +58,8 @@ from typing import Any
 
 import torch
 
-from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import LayerProfile, Link, Profile
+from umsearch.errors import ProfilingError
 from umsearch.measure.burst import QUANTITIES, Unit, burst, burst_window, leaf
 from umsearch.measure.curves import Curve, fit_curve, iqr, median
 from umsearch.measure.host_memory import keep_freed_memory
@@ -785,7 +785,7 @@ class ProfileInterrupted(KeyboardInterrupt):
     partial (``partial`` in its JSON, :func:`umsearch.core.profile.profile_partial`).
 
     A ``KeyboardInterrupt``, so that a caller that does not catch it stops as before; ``cause`` is the
-    interrupt itself (an :class:`~umsearch.core.errors.Interrupted` carries the signal).
+    interrupt itself (an :class:`~umsearch.errors.Interrupted` carries the signal).
     """
 
     def __init__(self, profile: Profile, cause: KeyboardInterrupt) -> None:

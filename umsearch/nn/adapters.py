@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from umsearch.core.errors import ModelSpecError
+from umsearch.errors import ModelSpecError
 
 KwargsFn = Callable[[torch.Tensor], dict[str, Any]]
 

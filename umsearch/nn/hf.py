@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from umsearch.core.errors import ModelSpecError
 from umsearch.core.model_spec import HF_PREFIX
+from umsearch.errors import ModelSpecError
 from umsearch.nn.adapters import HiddenState
 from umsearch.nn.spec import BuiltModel
 from umsearch.nn.tied import mark_tied

@@ -9,8 +9,8 @@ from types import ModuleType
 
 import torch
 
-from umsearch.core.errors import ModelSpecError, ProfilingError
 from umsearch.core.model_spec import ModelSpec, parse_arg
+from umsearch.errors import ModelSpecError, ProfilingError
 from umsearch.nn.spec import BuiltModel
 from umsearch.nn.zoo import ZOO, build_zoo
 

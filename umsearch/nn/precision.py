@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from umsearch.core.errors import ProfilingError
 from umsearch.core.profile import PRECISIONS
+from umsearch.errors import ProfilingError
 
 OVERRIDE_ENV = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
 """Environment variable that makes cuBLAS use TF32 whatever the switches say."""

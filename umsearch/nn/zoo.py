@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from umsearch.core.errors import ProfilingError
+from umsearch.errors import ProfilingError
 from umsearch.nn.spec import BuiltModel
 
 

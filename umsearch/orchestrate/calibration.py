@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, equal_split, placed_plan
 from umsearch.core.profile import Profile, RuntimeCosts
 from umsearch.core.schedules import PEER_SCHEDULES
+from umsearch.errors import PlanError
 from umsearch.orchestrate.fit import MeasuredPlan, Scales, action_samples, fit_report
 from umsearch.search.partition import stage_cuts
 

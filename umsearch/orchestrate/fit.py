@@ -38,9 +38,9 @@ from scipy.optimize import lsq_linear
 
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import Dependencies
-from umsearch.core.errors import ProfilingError
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile, RuntimeCosts
+from umsearch.errors import ProfilingError
 
 Judged = Literal["iteration", "busy"]
 """What a measured plan's ``measured_ms`` is: its iteration time (a real run), or the sum of its ranks'

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import SearchSpaceError
 from umsearch.core.options import check_bounds, option
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
+from umsearch.errors import SearchSpaceError
 from umsearch.orchestrate.contenders import Entry, Measured, MeasureFn, Runtime
 from umsearch.orchestrate.fit import MeasuredPlan, Scales, fit_report
 

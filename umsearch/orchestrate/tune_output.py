@@ -1,7 +1,7 @@
 """What ``umsearch tune`` writes: ``tune.json`` (``umsearch.tune/1``), ``report.md``, the refitted profile,
 ``plan.json`` (the contender that measured fastest) and, when a torch schedule won, its export.
 
-Everything goes through :class:`umsearch.core.output_folder.OutputFolder`: into a
+Everything goes through :class:`umsearch.storage.output_folder.OutputFolder`: into a
 staging folder first, then into place, ``plan.json`` last, leaving files the
 user put in the folder alone.
 """
@@ -14,10 +14,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.outputs import write_output_file
 from umsearch.core.plan_io import PlanDocument, save_document
 from umsearch.core.profile import Profile
 from umsearch.orchestrate.tune import ContenderResult, TuneResult
+from umsearch.storage.outputs import write_output_file
 
 SCHEMA = "umsearch.tune/1"
 FILES = ("tune.json", "report.md", "profile.json", "plan.json")
@@ -177,8 +177,8 @@ def fill(stage: Path, result: TuneResult, meta: dict[str, Any], layer_names: lis
     predicted = simulate(plan, CostModel(result.profile, state_factor=meta_doc["state_factor"])).predicted()
     save_document(PlanDocument(plan=plan, predicted=predicted, meta=meta_doc), stage / "plan.json")
     if w.candidate.runtime == "torch":
-        from umsearch.core.export import pipelining_csv
-        from umsearch.core.torchtitan import module_names, torchtitan_export
+        from umsearch.formats.torch_csv import pipelining_csv
+        from umsearch.formats.torchtitan import module_names, torchtitan_export
 
         export = torchtitan_export(plan, module_names(layer_names, sequential=True))
         header = (f"umsearch tune: torch's {w.candidate.schedule} measured fastest ({w.median_ms:.3f} ms, "

@@ -36,8 +36,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
+from umsearch.errors import RuntimeExecutionError
 
 Link = tuple[int, int]
 """``(src, dst)``: a directed pair of ranks."""

@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from umsearch.core.errors import ModelSpecError, UmsearchError
 from umsearch.core.model_spec import parse_arg
 from umsearch.core.options import (
     Scope,
@@ -33,6 +32,7 @@ from umsearch.core.options import (
     settings,
 )
 from umsearch.core.profile import PRECISIONS
+from umsearch.errors import ModelSpecError, UmsearchError
 
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
 """The optimizers ``--optimizer`` names (:mod:`umsearch.runtime.zero1` builds them)."""

@@ -62,7 +62,6 @@ from typing import Any
 import torch
 
 from umsearch.core.actions import Action, ActionRecord
-from umsearch.core.errors import PlanError, RuntimeExecutionError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.program import (
@@ -70,6 +69,7 @@ from umsearch.core.program import (
 )
 from umsearch.core.program import Handoff, Input, RankProgram, Receive, Send, Step, lower_rank
 from umsearch.core.program import tag as tag
+from umsearch.errors import PlanError, RuntimeExecutionError
 from umsearch.nn.precision import LossScaler, Precision
 from umsearch.runtime.comm import Comm, Handle, first_line
 from umsearch.runtime.gradsync import GradSync

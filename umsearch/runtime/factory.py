@@ -22,9 +22,9 @@ from typing import Protocol
 
 import torch
 
-from umsearch.core.errors import ModelSpecError, PlanError, ProfilingError
 from umsearch.core.loader import LoadedPlan
 from umsearch.core.model_spec import ModelSpec, parse_arg
+from umsearch.errors import ModelSpecError, PlanError, ProfilingError
 from umsearch.runtime.config import ModelChoice
 
 

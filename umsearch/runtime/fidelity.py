@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import PlanError
 from umsearch.core.loader import LoadedPlan
 from umsearch.core.plan import Plan
+from umsearch.errors import PlanError
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.factory import ModelFactory
 from umsearch.runtime.placement import world_size

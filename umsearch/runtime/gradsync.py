@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
 from umsearch.core.cluster import bucket_cap_bytes, bucket_firsts
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
+from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.comm import first_line
 from umsearch.runtime.placement import Placement, stage_copies
 

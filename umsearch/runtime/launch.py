@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.errors import RuntimeExecutionError
+from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.config import LaunchConfig
 from umsearch.runtime.sealed import JOB_FILE, KEY_ENV, new_key, private_dir, read_sealed, seal
 from umsearch.runtime.triage import RankFailure
@@ -72,7 +72,7 @@ def launch(target: Callable[..., Any], world_size: int, args: Sequence[Any] = ()
         ) from None
     key = new_key()
     with private_dir() as out:
-        from umsearch.core.jsonio import write_bytes_atomic
+        from umsearch.storage.jsonio import write_bytes_atomic
 
         write_bytes_atomic(out / JOB_FILE, seal(job, key))
         (out / JOB_FILE).chmod(0o600)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from umsearch.core.cluster import device
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Plan
+from umsearch.errors import RuntimeExecutionError
 
 
 def world_size(plan: Plan) -> int:

@@ -48,11 +48,11 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from umsearch.core.deps import check_deadlock
-from umsearch.core.errors import PlanError
 from umsearch.core.loader import load_plan_file
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.program import lower_rank
+from umsearch.errors import PlanError
 from umsearch.runtime.comm import Comm, RankComm, plan_links
 from umsearch.runtime.executor import IterationStats, StageExecutor
 from umsearch.runtime.tied import Tie, TiedGrads, marked_ties, ties_by_name
@@ -75,7 +75,7 @@ class PlanSchedule(_PipelineSchedule):
     ``{stage: parameter name in its module}`` (the same list on every rank; default: the weights the model
     builder marked, :func:`~umsearch.nn.tied.mark_tied`); after each ``step`` their gradients are summed
     across the ranks that hold them. Every mismatch between the plan and
-    the stages raises :class:`~umsearch.core.errors.PlanError` naming both.
+    the stages raises :class:`~umsearch.errors.PlanError` naming both.
     """
 
     def __init__(self, stages: _PipelineStageBase | Sequence[_PipelineStageBase], plan: PlanLike,

@@ -28,10 +28,10 @@ import torch
 
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import check_deadlock
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile, profile_precision
 from umsearch.core.units import format_bytes
+from umsearch.errors import PlanError
 from umsearch.runtime.factory import ModelFactory, ModelLike
 
 

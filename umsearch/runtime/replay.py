@@ -54,9 +54,9 @@ import torch
 from umsearch.core.actions import KINDS, Action
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import Dependencies
-from umsearch.core.errors import PlanError, RuntimeExecutionError
 from umsearch.core.plan import Plan
 from umsearch.core.program import untag as untag  # re-exported: replay reads the program's tags
+from umsearch.errors import PlanError, RuntimeExecutionError
 from umsearch.nn.precision import Precision
 from umsearch.runtime.comm import Handle, RankComm
 from umsearch.runtime.config import RunConfig

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from umsearch.core.actions import ActionRecord
 from umsearch.core.cost import CostModel
-from umsearch.core.errors import OutputError
-from umsearch.core.outputs import check_output_file
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
+from umsearch.errors import OutputError
 from umsearch.runtime.config import ModelChoice, RunConfig, to_argv
 from umsearch.runtime.launch import launch, launch_entry
 from umsearch.runtime.placement import world_size
+from umsearch.storage.outputs import check_output_file
 
 if TYPE_CHECKING:
     import torch
@@ -183,7 +183,7 @@ def run_plan_file(plan_path: str | os.PathLike[str], processes: int, cfg: RunCon
 def check_writable(path: str, flag: str, inputs: Sequence[str] = ()) -> None:
     """Raise unless ``path`` can be written, so that a run is not wasted on an output that cannot be kept.
 
-    :func:`umsearch.core.outputs.check_output_file` first (no folder, FIFO,
+    :func:`umsearch.storage.outputs.check_output_file` first (no folder, FIFO,
     socket or block device, no file in the way); then, unless ``path`` is a
     character device (written through), tried rather than guessed: a probe file
     in the nearest existing folder, removed at once.

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.errors import RuntimeExecutionError
+from umsearch.errors import RuntimeExecutionError
 
 RUN_DIR_PREFIX = "umsearch-run-"
 """Name prefix of a launch's private folder (in the system's temporary directory)."""
@@ -96,7 +96,7 @@ def unseal(blob: bytes, key: bytes, what: str) -> bytes:
 
 def write_sealed(path: Path, obj: Any, key: bytes) -> None:
     """Pickle ``obj`` sealed to ``path`` (inside a private folder), atomically."""
-    from umsearch.core.jsonio import write_bytes_atomic
+    from umsearch.storage.jsonio import write_bytes_atomic
 
     write_bytes_atomic(path, seal(pickle.dumps(obj), key))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from umsearch.core.errors import RuntimeExecutionError
+from umsearch.errors import RuntimeExecutionError
 
 HEADER_LEN = 16
 """int64 words in a header: dtype code, number of dims, then up to 14 dims."""

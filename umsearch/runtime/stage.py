@@ -46,10 +46,10 @@ from typing import Any
 import torch
 
 from umsearch.core.actions import Kind
-from umsearch.core.errors import RuntimeExecutionError
 from umsearch.core.plan import Stage
 from umsearch.core.plan_rules import gradient_kind
 from umsearch.core.samples import all_overlaps, cumulative
+from umsearch.errors import RuntimeExecutionError
 from umsearch.nn.backward import WeightWork, backward_full, backward_input, backward_weight
 from umsearch.nn.precision import LossScaler, Precision
 from umsearch.runtime.memory_tally import held

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
+from umsearch.errors import PlanError
 from umsearch.nn.tied import tied_layers
 from umsearch.runtime.placement import replica_worlds
 

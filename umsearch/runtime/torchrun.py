@@ -46,10 +46,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.errors import RuntimeExecutionError, UmsearchError
-from umsearch.core.jsonio import write_json
 from umsearch.core.options import Setting, kind_rule
 from umsearch.core.plan import Plan
+from umsearch.errors import RuntimeExecutionError, UmsearchError
 from umsearch.runtime.config import (
     LaunchConfig,
     RunConfig,
@@ -58,6 +57,7 @@ from umsearch.runtime.config import (
 )
 from umsearch.runtime.launch import LAUNCHER_PID_ENV
 from umsearch.runtime.sealed import JOB_FILE, check_private_dir, env_key, read_sealed, write_sealed
+from umsearch.storage.jsonio import write_json
 
 
 def _arg_type(row: Setting) -> Callable[[str], Any]:

@@ -43,11 +43,11 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
 
-from umsearch.core.errors import PlanError
 from umsearch.core.loader import load_plan_file
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
-from umsearch.core.torchtitan import placement_name
+from umsearch.errors import PlanError
+from umsearch.formats.torchtitan import placement_name
 from umsearch.runtime.plan_schedule import PlanLike, PlanSchedule
 from umsearch.runtime.tied import Tie
 

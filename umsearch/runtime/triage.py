@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from umsearch.core.errors import RuntimeExecutionError
+from umsearch.errors import RuntimeExecutionError
 
 
 class RankFailure(RuntimeExecutionError):

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.errors import Interrupted, RuntimeExecutionError
-from umsearch.core.signals import SignalScope
+from umsearch.errors import Interrupted, RuntimeExecutionError
 from umsearch.runtime.config import LaunchConfig
 from umsearch.runtime.triage import first_failure, ranks_text
+from umsearch.storage.signals import SignalScope
 
 POLL_S = 0.02
 """How often the launcher looks at the ranks."""

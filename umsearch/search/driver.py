@@ -31,8 +31,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from umsearch.core.errors import NoFeasiblePlanError, ProfileError
 from umsearch.core.profile import Profile
+from umsearch.errors import NoFeasiblePlanError, ProfileError
 from umsearch.search.bound import lower_bound
 from umsearch.search.over_cluster import search_cluster
 from umsearch.search.pipeline_search import (

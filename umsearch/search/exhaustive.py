@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from umsearch.core.actions import Action
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import Dependencies
-from umsearch.core.errors import SearchSpaceError
 from umsearch.core.plan import Plan, Stage
 from umsearch.core.samples import spans
+from umsearch.errors import SearchSpaceError
 from umsearch.search.genome import Rules
 from umsearch.search.partition import all_cuts
 from umsearch.sim.reference import ActionTiming, hand_offs, simulate

@@ -20,9 +20,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from umsearch.core.errors import SearchSpaceError
 from umsearch.core.profile import Profile
 from umsearch.core.schedules import placement
+from umsearch.errors import SearchSpaceError
 from umsearch.search.space import SearchSpace
 
 POLICY_COUNT = 5

@@ -27,8 +27,8 @@ from dataclasses import replace
 import numpy as np
 
 from umsearch.core.cost import CostModel, CostTables
-from umsearch.core.errors import NoFeasiblePlanError, SearchSpaceError
 from umsearch.core.profile import Profile
+from umsearch.errors import NoFeasiblePlanError, SearchSpaceError
 from umsearch.search.bound import lower_bound
 from umsearch.search.factorize import Factorization, Memory, Placement, Pruned, factorizations
 from umsearch.search.genome import Rules

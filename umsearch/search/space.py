@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from umsearch.core.cluster import Cluster
-from umsearch.core.errors import SearchSpaceError
 from umsearch.core.links import PRESETS, link_numbers
 from umsearch.core.options import Option, Setting, check_value, option
 from umsearch.core.plan import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES_PER_RANK
 from umsearch.core.profile import Link
 from umsearch.core.schedules import PEER_SCHEDULES
+from umsearch.errors import SearchSpaceError
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
@@ -462,7 +462,7 @@ def cluster_values(path: str | Path) -> dict[str, Any]:
     """The ``[cluster]`` table of a TOML file (``umsearch search --cluster C.toml``) as flat values
     for :func:`build_space` / :func:`load_space`'s overrides, each a :class:`FromFile`, so that an
     error about one names this file (not the space TOML)."""
-    from umsearch.core.jsonio import read_toml
+    from umsearch.storage.jsonio import read_toml
 
     p = Path(path)
     doc = read_toml(p, "cluster file", SearchSpaceError)
@@ -478,7 +478,7 @@ def cluster_values(path: str | Path) -> dict[str, Any]:
 def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> SearchSpace:
     """Read a TOML search space; ``overrides`` (CLI flags, None values ignored) win. An error names the
     space TOML, or the flag, or the file of a :class:`FromFile` override, whichever gave the bad value."""
-    from umsearch.core.jsonio import read_toml
+    from umsearch.storage.jsonio import read_toml
 
     p = Path(path)
     doc = read_toml(p, "search space", SearchSpaceError)

@@ -54,8 +54,8 @@ from umsearch.core.cluster import (
     ms_per_byte,
 )
 from umsearch.core.cost import CostTables
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan, Stage
+from umsearch.errors import PlanError
 from umsearch.sim.jit import njit
 from umsearch.sim.kernels import (
     code_kind,

@@ -36,10 +36,10 @@ from umsearch.core.cluster import (
 )
 from umsearch.core.cost import CostModel, device_state_factor
 from umsearch.core.deps import Dependencies, find_deadlock
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Link
+from umsearch.errors import PlanError
 from umsearch.sim.result import AllReduceSpan, SimResult
 
 _QUANTITY = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}

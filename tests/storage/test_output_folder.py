@@ -1,4 +1,4 @@
-"""umsearch.core.output_folder and umsearch.core.manifest: an output folder shared with the user's files.
+"""umsearch.storage.output_folder and umsearch.storage.manifest: an output folder shared with the user's files.
 
 umsearch replaces or removes a file only when its manifest proves, by size and SHA-256 and for this very
 folder, that umsearch wrote it; it never touches anything outside the folder (issue 33).
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.folders import fill_with, tree
-from umsearch.core.errors import OutputError
-from umsearch.core.files import identity
-from umsearch.core.manifest import MANIFEST, SCHEMA, read_manifest
-from umsearch.core.output_folder import STAGING_MARKER, OutputFolder, left_staging, make_staging
+from umsearch.errors import OutputError
+from umsearch.storage.manifest import MANIFEST, SCHEMA, read_manifest
+from umsearch.storage.output_folder import STAGING_MARKER, OutputFolder, left_staging, make_staging
+from umsearch.storage.reading import identity
 
 
 def _entry(text: str) -> list[dict[str, object]]:
@@ -154,7 +154,7 @@ def test_only_a_staging_folder_its_marker_proves_is_removed(tmp_path: Path) -> N
 
 
 def test_a_run_that_ends_without_writing_leaves_nothing(tmp_path: Path) -> None:
-    code = ("import sys; from umsearch.core.output_folder import OutputFolder; "
+    code = ("import sys; from umsearch.storage.output_folder import OutputFolder; "
             f"OutputFolder({str(tmp_path / 'a' / 'b')!r}); sys.exit(1)")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 1
     assert list(tmp_path.iterdir()) == []

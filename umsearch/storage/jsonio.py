@@ -1,7 +1,7 @@
 """Atomic, versioned JSON files, and the one input layer every file umsearch reads goes through.
 
 Every file umsearch writes goes through :func:`write_json` (temp file in the
-same directory, fsync, rename; see :mod:`umsearch.core.outputs`) so that a
+same directory, fsync, rename; see :mod:`umsearch.storage.outputs`) so that a
 crash or Ctrl-C never leaves half a plan behind. Every file it reads goes
 through :func:`read_text` (:func:`read_json`, :func:`read_toml`), which refuses
 a bad path, a file that is not a regular UTF-8 file, and content nested too
@@ -17,22 +17,22 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.errors import UmsearchError
-from umsearch.core.files import FileTooLarge, NotRegularFile, read_bounded
-from umsearch.core.outputs import write_output_file
-from umsearch.core.paths import path_text
+from umsearch.errors import UmsearchError
+from umsearch.storage.outputs import write_output_file
+from umsearch.storage.paths import path_text
+from umsearch.storage.reading import FileTooLarge, NotRegularFile, read_bounded
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` so readers see the old file or the new one, never a mix.
 
-    See :func:`umsearch.core.outputs.write_output_file` (a device is written through, never replaced).
+    See :func:`umsearch.storage.outputs.write_output_file` (a device is written through, never replaced).
     """
     return write_output_file(path, text)
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (:func:`umsearch.core.outputs.write_output_file`)."""
+    """Write ``data`` to ``path`` atomically (:func:`umsearch.storage.outputs.write_output_file`)."""
     return write_output_file(path, data)
 
 
@@ -52,7 +52,7 @@ def check_input_path(path: str | os.PathLike[str], what: str, error: type[Umsear
 
     Refused before the file system is asked (where they raise ``ValueError`` or
     ``OSError`` instead of answering): an empty path, a NUL byte, text the file
-    system cannot encode, a path over :data:`~umsearch.core.paths.PATH_MAX` bytes or a name
+    system cannot encode, a path over :data:`~umsearch.storage.paths.PATH_MAX` bytes or a name
     over 255 bytes. ``what`` names the file in messages (``"profile"``).
     """
     return Path(path_text(path, f"the {what} path", error))
@@ -63,7 +63,7 @@ def read_text(path: str | os.PathLike[str], what: str, error: type[UmsearchError
 
     The path must pass :func:`check_input_path`. FIFOs, sockets, devices,
     directories and links to them are refused without blocking or reading
-    (:func:`umsearch.core.files.read_bounded`), and so are files over
+    (:func:`umsearch.storage.reading.read_bounded`), and so are files over
     :data:`MAX_INPUT_BYTES`.
     """
     p = check_input_path(path, what, error)

@@ -1,4 +1,4 @@
-"""umsearch.core.outputs: output paths checked before work, devices written through (issue 24)."""
+"""umsearch.storage.outputs: output paths checked before work, devices written through (issue 24)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from umsearch.core.errors import OutputError
-from umsearch.core.outputs import check_output_dir, check_output_file, write_output_file
+from umsearch.errors import OutputError
+from umsearch.storage.outputs import check_output_dir, check_output_file, write_output_file
 
 
 def _node(path: Path, kind: int, device: tuple[int, int]) -> Path:

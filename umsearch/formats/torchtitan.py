@@ -46,9 +46,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from umsearch.core.errors import PlanError
 from umsearch.core.plan import Plan
 from umsearch.core.schedules import PEER_SCHEDULES, placement
+from umsearch.errors import PlanError
 
 PARALLELISM_KEYS = (
     "data_parallel_replicate_degree",
@@ -162,7 +162,7 @@ def torchtitan_export(plan: Plan, modules: Sequence[str], csv_path: str = "sched
     cannot run as it is (unequal microbatches, a size that does not divide the
     batch, a placement torchtitan does not make).
     """
-    from umsearch.core.export import pipelining_csv
+    from umsearch.formats.torch_csv import pipelining_csv
 
     if not plan.equal_microbatches:
         raise PlanError("the plan has unequal microbatches (they differ between stages); torchtitan runs "

@@ -18,7 +18,7 @@ a manifest copied from another folder, one of an older umsearch (schema
 ``umsearch.outputs/1`` recorded names only) or no manifest at all proves
 nothing: those files are the user's. A manifest of schema ``umsearch.outputs/2``
 proves contents but not which command wrote them (:attr:`Manifest.commands` is
-None for its entries): :class:`~umsearch.core.output_folder.OutputFolder` then
+None for its entries): :class:`~umsearch.storage.output_folder.OutputFolder` then
 lets a command replace such a file under a name it writes, and never removes one.
 """
 
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from umsearch.core.errors import OutputError
-from umsearch.core.files import (
+from umsearch.errors import OutputError
+from umsearch.storage.outputs import replace_atomically
+from umsearch.storage.reading import (
     Content,
     FileTooLarge,
     NotRegularFile,
@@ -40,7 +41,6 @@ from umsearch.core.files import (
     identity,
     read_bounded,
 )
-from umsearch.core.outputs import replace_atomically
 
 MANIFEST = ".umsearch-outputs.json"
 """The manifest's name inside the output folder."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from umsearch.core.errors import UmsearchError
+from umsearch.errors import UmsearchError
 
 NAME_MAX = 255
 """Longest file or folder name, in bytes (Linux, macOS)."""

@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from umsearch.core.actions import Action, parse_actions
-from umsearch.core.export import parse_pipelining_csv, pipelining_csv
 from umsearch.core.schedules import (
     PEER_SCHEDULES,
     RankActions,
@@ -27,6 +26,7 @@ from umsearch.core.schedules import (
     warmup_rule,
     zbv_zero_bubble,
 )
+from umsearch.formats.torch_csv import parse_pipelining_csv, pipelining_csv
 
 
 def test_format() -> None:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from umsearch.core.deps import find_deadlock
-from umsearch.core.errors import PlanError
-from umsearch.core.jsonio import read_json
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import _parse_document
 from umsearch.core.plan_rules import validate_plan
+from umsearch.errors import PlanError
+from umsearch.storage.jsonio import read_json
 
 BASELINES_FILE = "baselines.json"
 """The file name a search gives its baselines, beside ``plan.json``."""

@@ -5,7 +5,7 @@ write into a folder (``--out``). The rules, in the order a run meets them:
 
 1. Before any work: the folder is checked and made, a malformed manifest is
    refused, and every name the run may write is checked. A name that exists
-   and is not proven umsearch's by the manifest (:mod:`umsearch.core.manifest`:
+   and is not proven umsearch's by the manifest (:mod:`umsearch.storage.manifest`:
    listed, same size and SHA-256, a regular file reached through real folders)
    stops the run, naming the file. So does a name another command wrote there
    (a search's ``report.md`` where tune writes its own): the message names both
@@ -43,9 +43,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.errors import Interrupted, OutputError
-from umsearch.core.files import Content, digest, identity, read_bounded
-from umsearch.core.manifest import (
+from umsearch.errors import Interrupted, OutputError
+from umsearch.storage.manifest import (
     MANIFEST,
     STAGING_PREFIX,
     Manifest,
@@ -54,8 +53,9 @@ from umsearch.core.manifest import (
     regular_files,
     write_manifest,  # fmt: skip
 )
-from umsearch.core.outputs import check_output_dir, replace_atomically
-from umsearch.core.signals import DeferredSignals
+from umsearch.storage.outputs import check_output_dir, replace_atomically
+from umsearch.storage.reading import Content, digest, identity, read_bounded
+from umsearch.storage.signals import DeferredSignals
 
 STAGING_MARKER = ".umsearch-staging.json"
 """The marker file inside a staging folder (never moved into the output)."""
@@ -247,7 +247,7 @@ class OutputFolder:
                               "another folder") from None  # fmt: skip
 
     def previous(self) -> Manifest:
-        """What the folder's manifest proves (:func:`umsearch.core.manifest.read_manifest`)."""
+        """What the folder's manifest proves (:func:`umsearch.storage.manifest.read_manifest`)."""
         return read_manifest(self.path, self.what)
 
     def _is_input(self, p: Path) -> bool:
@@ -290,7 +290,7 @@ class OutputFolder:
         """Call ``fill(stage)`` to write the outputs into the staging folder, then move them into place.
 
         See the module docstring for the order. SIGINT, SIGTERM and SIGHUP
-        received meanwhile raise :class:`~umsearch.core.errors.Interrupted` once
+        received meanwhile raise :class:`~umsearch.errors.Interrupted` once
         the outputs are in place. Any :class:`OSError` becomes
         :class:`OutputError` naming the output, with the folder as the previous
         run left it. Returns the paths written.

@@ -44,7 +44,7 @@ class SignalScope:
 
 class DeferredSignals(SignalScope):
     """While active, SIGINT, SIGTERM and SIGHUP are held back; on leaving, the first one received raises
-    :class:`~umsearch.core.errors.Interrupted`, so the command exits as the signal asks (128 + it).
+    :class:`~umsearch.errors.Interrupted`, so the command exits as the signal asks (128 + it).
 
     For work that must not stop halfway, such as moving a run's outputs into place: a signal then
     stops the command right after the work, never in its middle."""
@@ -58,6 +58,6 @@ class DeferredSignals(SignalScope):
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
         if self.received is not None and exc[0] is None:
-            from umsearch.core.errors import Interrupted
+            from umsearch.errors import Interrupted
 
             raise Interrupted(self.received)

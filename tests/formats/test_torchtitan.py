@@ -11,11 +11,11 @@ import pytest
 
 from tests.contract import example8
 from tests.runtime.helpers import peer_plan, placed
-from umsearch.core.errors import PlanError
-from umsearch.core.export import parse_pipelining_csv
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.schedules import PEER_SCHEDULES
-from umsearch.core.torchtitan import (
+from umsearch.errors import PlanError
+from umsearch.formats.torch_csv import parse_pipelining_csv
+from umsearch.formats.torchtitan import (
     PARALLELISM_KEYS,
     TRAINING_KEYS,
     module_names,

@@ -12,7 +12,7 @@ Every file a command writes goes through this module:
   replacing the node); FIFOs, sockets and block devices are refused.
 
 A set of files written into a folder the user may share with files of their
-own goes through :class:`umsearch.core.output_folder.OutputFolder`.
+own goes through :class:`umsearch.storage.output_folder.OutputFolder`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from umsearch.core.errors import OutputError
-from umsearch.core.files import kind
-from umsearch.core.paths import path_text
+from umsearch.errors import OutputError
+from umsearch.storage.paths import path_text
+from umsearch.storage.reading import kind
 
 
 def _path_text(path: str | os.PathLike[str], what: str) -> str:
-    """``path`` as text after the checks every path gets (:func:`umsearch.core.paths.path_text`)."""
+    """``path`` as text after the checks every path gets (:func:`umsearch.storage.paths.path_text`)."""
     return path_text(path, what, OutputError)
 
 
@@ -62,8 +62,8 @@ def check_output_file(path: str | os.PathLike[str], what: str = "output file", *
                       inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:  # fmt: skip
     """``path`` as a :class:`Path` if a file can be written there; else :class:`OutputError` naming it and the fix.
 
-    Refused: an empty path, a NUL byte, a name over :data:`~umsearch.core.paths.NAME_MAX` or a path
-    over :data:`~umsearch.core.paths.PATH_MAX` bytes, a file (not a folder) above it, an existing
+    Refused: an empty path, a NUL byte, a name over :data:`~umsearch.storage.paths.NAME_MAX` or a path
+    over :data:`~umsearch.storage.paths.PATH_MAX` bytes, a file (not a folder) above it, an existing
     folder, FIFO, socket or block device. An existing regular file is fine (it
     is replaced atomically), so is a character device such as ``/dev/null``
     (written through). Missing parent folders are fine (created on writing).
