@@ -119,3 +119,19 @@ def test_a_weight_shared_by_two_layers_waits_for_the_end_of_the_action() -> None
     _, params, grads, after = sync.launched[2]
     assert after and [id(p) for p in params] == [id(w), id(a)]
     assert torch.equal(grads[0], torch.full((3,), 3.0)) and torch.equal(grads[1], torch.ones(3))
+
+
+def test_a_weight_two_stages_share_is_synced_by_the_stage_whose_backward_ends_last() -> None:
+    from types import SimpleNamespace
+
+    from umsearch.runtime.gradsync import synced_by_stage
+
+    tied, a, b = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    head = SimpleNamespace(params=[a, tied], layers=[(3, torch.nn.Identity(), [a, tied])])
+    embed = SimpleNamespace(params=[tied, b], layers=[(0, torch.nn.Identity(), [tied]), (1, torch.nn.Identity(), [b])])
+    views = synced_by_stage({3: head, 0: embed}, {3: 5, 0: 9})  # stage 0's last backward comes later
+    assert views[0] is embed and [id(p) for p in views[0].params] == [id(tied), id(b)]
+    assert [id(p) for p in views[3].params] == [id(a)]
+    assert [[id(p) for p in ps] for _, _, ps in views[3].layers] == [[id(a)]]
+    swapped = synced_by_stage({3: head, 0: embed}, {3: 9, 0: 5})
+    assert swapped[3] is head and [id(p) for p in swapped[0].params] == [id(b)]

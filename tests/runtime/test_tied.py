@@ -183,13 +183,20 @@ def test_umsearch_run_sums_a_tied_weight_and_the_copies_train_alike(name: str) -
 
 
 @pytest.mark.slow
-def test_a_data_parallel_run_sums_the_tie_within_each_replica() -> None:
+@pytest.mark.parametrize("shape", ["two ranks", "V, per-layer buckets"])
+def test_a_data_parallel_run_sums_the_tie_within_each_replica(shape: str) -> None:
+    """On the V the tied weight is one parameter of two stages of rank 0, with buckets small enough to go
+    during the backward: the gradients stay exact (the stage whose last backward runs last all-reduces it,
+    gradsync ``synced_by_stage``, tested alone in tests/runtime/test_gradsync.py)."""
     pytest.importorskip("transformers")
     from umsearch.runtime.config import LaunchConfig, RunConfig
     from umsearch.runtime.run_plan import run_plan
 
     cfg = RunConfig(steps=2, seed=1, lr=0.5, collect_grads=True, launch=LaunchConfig(timeout_s=180))
-    plan = validate_plan(replace(_two_ranks(), global_batch=12, data_parallel=2))  # 6 samples per replica
+    if shape == "two ranks":
+        plan = validate_plan(replace(_two_ranks(), global_batch=12, data_parallel=2))  # 6 samples per replica
+    else:
+        plan = validate_plan(replace(_v_shape(), global_batch=8, data_parallel=2, bucket_mib=1e-6))
     result = run_plan(plan, functools.partial(tied_model, "gpt2"), cfg)
     assert result.grads is not None
     want = _reference("gpt2", plan.global_batch, [cfg.batch_seed(s) for s in range(cfg.steps)], lr=cfg.lr)

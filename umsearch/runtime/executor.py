@@ -72,7 +72,7 @@ from umsearch.core.program import tag as tag
 from umsearch.errors import PlanError, RuntimeExecutionError
 from umsearch.nn.precision import LossScaler, Precision
 from umsearch.runtime.comm import Comm, Handle, first_line
-from umsearch.runtime.gradsync import GradSync
+from umsearch.runtime.gradsync import GradSync, synced_by_stage
 from umsearch.runtime.messages import assemble
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, decode, encode, of_tensor, probe
 from umsearch.runtime.stage import LossFn, StageCompute, rows_of
@@ -198,6 +198,8 @@ class StageExecutor:
         self.tied = tied if tied is not None else TiedGrads.for_run(
             plan, rank, dict(zip(self.mine, stage_modules, strict=True)),
             grad_sync.placement.replica if grad_sync is not None else 0)  # fmt: skip
+        last = {step.ends_backward_of: i for i, step in enumerate(program.steps) if step.ends_backward_of is not None}
+        self.synced = synced_by_stage(dict(self.stages), last)
         n = len(program.channels)
         self.shapes: list[SampleShape | None] = [None] * n
         self.buffers: list[dict[int, torch.Tensor]] = [{} for _ in range(n)]
@@ -376,10 +378,10 @@ class StageExecutor:
             for step in self.program.steps:
                 done = step.ends_backward_of
                 if done is not None and sync is not None:  # its buckets all-reduce during this step
-                    sync.arm(done, self.stages[done], self.plan.bucket_mib)
+                    sync.arm(done, self.synced[done], self.plan.bucket_mib)
                 stamps.append(self._run_step(step, x_all))
                 if done is not None and sync is not None:
-                    sync.start(done, self.stages[done].params)
+                    sync.start(done, self.synced[done].params)
         for pending in self.sends.values():
             while pending:
                 handle, _, what = pending.popleft()

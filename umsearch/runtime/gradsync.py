@@ -55,6 +55,41 @@ class StageParams(Protocol):
     def layers(self) -> list[tuple[int, torch.nn.Module, list[torch.Tensor]]] | None: ...
 
 
+@dataclass(frozen=True)
+class _Leaving:
+    """A stage's parameters less those a later stage of its rank syncs (:func:`synced_by_stage`)."""
+
+    inner: StageParams
+    left: frozenset[int]
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return [p for p in self.inner.params if id(p) not in self.left]
+
+    @property
+    def layers(self) -> list[tuple[int, torch.nn.Module, list[torch.Tensor]]] | None:
+        layers = self.inner.layers
+        return None if layers is None else [(i, m, [p for p in ps if id(p) not in self.left])
+                                             for i, m, ps in layers]  # fmt: skip
+
+
+def synced_by_stage(stages: dict[int, StageParams], last_backward: dict[int, int]) -> dict[int, StageParams]:
+    """What each stage of a rank all-reduces: a weight two of its stages share (a V's tied embedding and
+    head) goes with the one whose last backward runs last (``last_backward``: stage -> its position in
+    the rank's steps), once its gradient is complete; the earlier one leaves it out. Otherwise the weight
+    is all-reduced twice, first a partial gradient, and the result is right only because the later
+    copy-back lands last."""
+    owner: dict[int, int] = {}
+    for j in sorted(stages, key=lambda j: last_backward.get(j, -1)):
+        for p in stages[j].params:
+            owner[id(p)] = j
+    out: dict[int, StageParams] = {}
+    for j, st in stages.items():
+        left = frozenset(id(p) for p in st.params if owner[id(p)] != j)
+        out[j] = _Leaving(st, left) if left else st
+    return out
+
+
 @dataclass
 class _Pending:
     """One in-flight all-reduce: the flat buffer and the gradients it came from."""
