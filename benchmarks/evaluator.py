@@ -32,6 +32,7 @@ from typing import Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 from numba import get_num_threads, prange
 
 from benchmarks.stats import environment, summary
@@ -44,7 +45,7 @@ from umsearch.sim.batch import (
     ArrayPlan,
     BatchResult,
     PackedPlans,
-    allreduce_times,
+    allreduce_links,
     encode,
     evaluate,
     pack,
@@ -67,6 +68,46 @@ from umsearch.sim.kernels import (
 from umsearch.storage.jsonio import write_json
 
 L, B = 32, 256
+
+# Version 2.2's whole-stage all-reduce, as the old loop timed it (the evaluator now times buckets).
+
+
+def allreduce_times(packed: PackedPlans, tables: CostTables) -> npt.NDArray[np.float64]:
+    """Per stage (all candidates), its whole ring all-reduce over the candidate's replicas (version 2.2, one
+    bucket per stage; 0 with one replica): ``2 (D-1)/D * P_j * ms_per_byte + 2 (D-1) * latency`` on its
+    link. The old loop's; the evaluator now times buckets."""
+    counts = np.diff(packed.stage_ptr)
+    d = np.repeat(packed.replicas, counts).astype(np.float64)
+    lat, per_byte = allreduce_links(packed, tables)
+    params = tables.param_prefix[packed.hi] - tables.param_prefix[packed.lo]
+    out: npt.NDArray[np.float64] = 2 * (d - 1) / d * params * per_byte + 2 * (d - 1) * lat
+    return out
+
+
+@numba.njit(cache=False)
+def _allreduce_end(s0, S, rank, ready, ar_ms, order, free, spans):  # type: ignore[no-untyped-def]
+    """docs/model.md section 9: the stages' all-reduces (``ar_ms``), each ready at ``ready[j]``, run one at a
+    time per rank in ready order (lower stage first on ties); writes each one's ready time, start and
+    end to ``spans[s0 + j]`` and returns the latest end. ``order`` and ``free`` (per rank) are scratch."""
+    for j in range(S):  # stable insertion sort by ready time: ties keep the lower stage first
+        i = j
+        while i > 0 and ready[order[i - 1]] > ready[j]:
+            order[i] = order[i - 1]
+            i -= 1
+        order[i] = j
+    for j in range(S):
+        free[rank[s0 + j]] = 0.0
+    last = 0.0
+    for i in range(S):
+        j = order[i]
+        r = rank[s0 + j]
+        spans[s0 + j, 0] = ready[j]
+        spans[s0 + j, 1] = max(ready[j], free[r])
+        free[r] = spans[s0 + j, 2] = spans[s0 + j, 1] + ar_ms[s0 + j]
+        last = max(last, free[r])
+    return last
+
+
 WORKLOADS = {"r8_v2": (8, 2, 8, 64), "r4_v4": (4, 4, 12, 64)}
 """name: (ranks, stages per rank, fewest and most microbatches per stage)."""
 
@@ -177,7 +218,7 @@ def _old_evaluate_all(  # type: ignore[no-untyped-def]
             for r in range(R):
                 ends[r0 + r] = last_end[r]
                 last = max(last, last_end[r])
-            done = batch._allreduce_end(s0, S, rank, ready, ar_ms, order, clock, spans) if D > 1 else 0.0
+            done = _allreduce_end(s0, S, rank, ready, ar_ms, order, clock, spans) if D > 1 else 0.0
             comp[c], ar_end[c] = last, done
             it[c] = max(last, done)
             top[c] = peak

@@ -410,18 +410,6 @@ def _hand_offs(stage_ptr, rank, recompute, fwd, fwd_ptr):  # type: ignore[no-unt
     return out
 
 
-def allreduce_times(packed: PackedPlans, tables: CostTables) -> FloatArray:
-    """Per stage (all candidates), its whole ring all-reduce over the candidate's replicas (version 2.2, one
-    bucket per stage; 0 with one replica): ``2 (D-1)/D * P_j * ms_per_byte + 2 (D-1) * latency`` on its
-    link. The evaluator times buckets (:func:`_bucket_end`); benchmarks/evaluator.py's old loop reads this."""
-    counts = np.diff(packed.stage_ptr)
-    d = np.repeat(packed.replicas, counts).astype(np.float64)
-    lat, per_byte = allreduce_links(packed, tables)
-    params = tables.param_prefix[packed.hi] - tables.param_prefix[packed.lo]
-    out: FloatArray = 2 * (d - 1) / d * params * per_byte + 2 * (d - 1) * lat
-    return out
-
-
 @njit(cache=True, parallel=True)
 def _evaluate_all(  # type: ignore[no-untyped-def]
     stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
@@ -568,30 +556,6 @@ def _bucket_end(  # type: ignore[no-untyped-def]
         spans[g, 0] = min(spans[g, 0], ready[b])
         spans[g, 1] = min(spans[g, 1], start[b])
         spans[g, 2] = max(spans[g, 2], start[b] + cost[b])
-    return last
-
-
-@njit(cache=True)
-def _allreduce_end(s0, S, rank, ready, ar_ms, order, free, spans):  # type: ignore[no-untyped-def]
-    """docs/model.md section 9: the stages' all-reduces (``ar_ms``), each ready at ``ready[j]``, run one at a
-    time per rank in ready order (lower stage first on ties); writes each one's ready time, start and
-    end to ``spans[s0 + j]`` and returns the latest end. ``order`` and ``free`` (per rank) are scratch."""
-    for j in range(S):  # stable insertion sort by ready time: ties keep the lower stage first
-        i = j
-        while i > 0 and ready[order[i - 1]] > ready[j]:
-            order[i] = order[i - 1]
-            i -= 1
-        order[i] = j
-    for j in range(S):
-        free[rank[s0 + j]] = 0.0
-    last = 0.0
-    for i in range(S):
-        j = order[i]
-        r = rank[s0 + j]
-        spans[s0 + j, 0] = ready[j]
-        spans[s0 + j, 1] = max(ready[j], free[r])
-        free[r] = spans[s0 + j, 2] = spans[s0 + j, 1] + ar_ms[s0 + j]
-        last = max(last, free[r])
     return last
 
 
