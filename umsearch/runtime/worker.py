@@ -131,7 +131,8 @@ class RankSession:
         """:meth:`step` with its memory tallied (saved tensors, parameters, gradients, optimizer states);
         every gradient counts from when it appears, so they are dropped first (the iteration zeroes them
         anyway). The tally's hooks slow the iteration a little: tally a warm-up one."""
-        params = [p for m in self.modules for p in m.parameters()]
+        # A weight two stages of this rank share (tied embedding and head on a V) is held once: counted once.
+        params = list({id(p): p for m in self.modules for p in m.parameters()}.values())
         for p in params:
             p.grad = None
         tally = MemoryTally(params, self.executor.optimizer)
