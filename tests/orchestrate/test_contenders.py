@@ -17,9 +17,10 @@ import pytest
 
 from tests.runtime.helpers import peer_plan, plan_of
 from tests.runtime.test_distributed import tiny_model
-from umsearch.orchestrate.contenders import make_runners, mixed_worker
+from umsearch.orchestrate.contenders import Entry, machine, make_runners, mixed_worker
 from umsearch.runtime.config import LaunchConfig, RunConfig
 from umsearch.runtime.launch import launch
+from umsearch.runtime.replay import replay_rank
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +59,20 @@ def test_a_plan_and_the_torch_schedule_of_its_cut_share_stage_objects_and_plans_
                     plan = PEER if job[1] == PEER else UNEQUAL
                     assert [str(a.label) for a in value.actions] == [str(a) for a in plan.actions[rank]]
                     assert value.step_ms >= value.pipeline_ms > 0
+
+
+def test_every_contender_has_a_measured_peak_per_rank_and_a_plans_is_the_replays_tally() -> None:
+    factory = functools.partial(tiny_model, 4)
+    entries = [Entry(name=f"{kind} {i}", plan=plan, runtime=kind, schedule=sched)  # type: ignore[arg-type]
+               for i, (kind, plan, sched) in enumerate(JOBS)]  # fmt: skip
+    got = machine(factory, CFG)(entries, 2)
+    for e, m in zip(entries, got, strict=True):
+        assert len(m.peak_bytes) == e.plan.ranks and all(b > 0 for b in m.peak_bytes)
+        if e.runtime == "umsearch":
+            # The same plan's rank alone, replayed with its tally: the very same figure, to the byte.
+            assert m.peak_bytes == tuple(replay_rank(e.plan, factory, r, cfg=CFG, steps=1).tally.peak_bytes
+                                         for r in range(e.plan.ranks))  # fmt: skip
+    # torch's own class holds more saved tensors at once with more microbatches in flight: GPipe's 2 whole
+    # halves of the batch against 1F1B's 4 quarters, the same stages, parameters and optimizer.
+    torch_1f1b, torch_gpipe = got[1].peak_bytes, got[3].peak_bytes
+    assert torch_gpipe[0] > torch_1f1b[0]

@@ -79,7 +79,7 @@ def tune_command(profile_path: str, out: str | None, as_json: bool, progress: st
         values.pop(k, None)
     space = build_space(space_values)
     run, choice, rest = split_values(values)
-    cfg = TuneConfig(**rest, state_factor=space.state_factor)  # every flag checked before any file is read
+    cfg = TuneConfig(**rest, state_factor=space.state_factor, memory_limit=space.memory_limit)  # every flag checked before any file is read
     if choice.model_args and choice.model is None:
         raise ModelSpecError("--arg needs --model: it is an argument of the model you name")
     profile = load_profile(profile_path)
@@ -117,6 +117,8 @@ def tune_command(profile_path: str, out: str | None, as_json: bool, progress: st
                                                                  "measured_ci95_ms": list(w.ci95_ms)}}))  # fmt: skip
     else:
         console.print(_table(result))
+        for o in result.rounds[-1].over_limit:
+            console.print("dropped: " + escape(o.describe()), soft_wrap=True)
         console.print(escape(verdict(result)), soft_wrap=True)
         console.print(f"stopped: {escape(result.stopped)} ({len(result.rounds)} round(s), {result.wall_s / 60:.1f} min)")
         console.print("wrote " + escape(", ".join(p.name for p in written)) + f" into {escape(str(target))}/")

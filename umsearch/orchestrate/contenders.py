@@ -15,6 +15,15 @@ optimizer step, the slowest rank's (as ``benchmarks/torch_peers.py`` times
 them). A plan on umsearch's runtime also brings back every action's times,
 which the refit needs; torch's schedules give no per-action times.
 
+Every contender's peak memory is measured once per rank, on its last warm-up
+iteration (an extra one where there is no warm-up), for both runtimes alike
+(:func:`umsearch.runtime.worker.peak_of`): on CPU the tally of
+:mod:`umsearch.runtime.memory_tally` (parameters, gradients, optimizer states
+and the tensors autograd saves; its hooks are thread-local, so they count
+inside torch's schedule classes as inside ``PlanSchedule``), on CUDA the
+allocator's peak. The tune loop drops the contenders that do not fit its
+memory limit on that figure.
+
 The measurement is a function (:data:`MeasureFn`), so that the tune loop's
 decisions can be tested with a stand-in for the machine.
 """
@@ -55,6 +64,10 @@ class Measured:
     """Barrier to the end of the optimizer step, slowest rank, every measured round."""
     steps: tuple[StepResult, ...] = ()
     """umsearch's runtime only: every round's iteration with all ranks' action records."""
+    peak_bytes: tuple[int, ...] = ()
+    """Per pipeline rank, the peak memory of one warm-up iteration (the largest of the rank's replicas): on CPU
+    the tally's (parameters, gradients, optimizer states, saved tensors), on CUDA the allocator's; empty where
+    not measured."""
 
 
 MeasureFn = Callable[[Sequence[Entry], int], list[Measured]]
@@ -79,7 +92,7 @@ class _Shared:
 
         torch's stages keep the buffers of the microbatch shape they first ran, so torch's schedules share
         stage objects only with the same microbatches; ``PlanSchedule`` never uses those buffers and takes
-        the stage objects of any contender cut and placed alike (made first, see :func:`mixed_worker`).
+        the stage objects of any contender cut and placed alike (made first, see :func:`make_runners`).
         """
         from torch.distributed.pipelining import PipelineStage
 
@@ -119,8 +132,9 @@ class _ScheduleJob:
         from umsearch.runtime.plan_schedule import PlanSchedule
         from umsearch.runtime.zero1 import make_optimizer
 
-        self.plan, self.cfg = plan, shared.cfg
+        self.plan, self.cfg, self.rank, self.device = plan, shared.cfg, shared.rank, shared.device
         self.model, mods, stages = shared.stages(plan, schedule is not None)
+        self.params = [p for m in mods for p in m.parameters()]
         mine = plan.stages_of(shared.rank)
         self.first, self.last = 0 in mine, plan.num_stages - 1 in mine
         self.records = schedule is None  # PlanSchedule brings back every action's times
@@ -155,27 +169,54 @@ class _ScheduleJob:
             return dataclasses.replace(self.sched.stats, step_ms=ms)
         return ms
 
+    def peak_step(self, step: int) -> tuple[Any, int]:
+        """:meth:`step` and this rank's peak memory in it (:func:`umsearch.runtime.worker.peak_of`)."""
+        from umsearch.runtime.worker import peak_of
+
+        return peak_of(lambda: self.step(step), self.params, self.opt, self.device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankRounds:
+    """What one rank's process measured: every job's peak memory and every round's results."""
+
+    peaks: tuple[tuple[int, int], ...]
+    """Per job (job order): (pipeline rank, peak bytes of one warm-up iteration)."""
+    rounds: list[list[Any]]
+    """Per round, per job (job order): this rank's stats (umsearch) or wall ms (torch)."""
+
 
 def mixed_worker(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str | None]], factory: ModelFactory,
                  cfg: RunConfig, rounds: int) -> list[list[Any]]:  # fmt: skip
-    """Launch target: per round, per job (job order), this rank's stats (umsearch) or wall ms (torch).
+    """Launch target: per round, per job (job order), this rank's stats (umsearch) or wall ms (torch)
+    (:func:`measured_worker`'s rounds)."""
+    return measured_worker(rank, world, jobs, factory, cfg, rounds).rounds
 
-    Every job runs ``cfg.warmup_steps`` unmeasured iterations first. A data-parallel plan (which
-    ``PlanSchedule`` does not run) runs on umsearch's own launcher session instead.
+
+def measured_worker(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str | None]], factory: ModelFactory,
+                    cfg: RunConfig, rounds: int) -> RankRounds:  # fmt: skip
+    """Launch target: every job's peak memory, then per round, per job (job order), this rank's stats
+    (umsearch) or wall ms (torch).
+
+    Every job runs ``cfg.warmup_steps`` unmeasured iterations first (at least one), the last of them with its
+    peak memory measured. A data-parallel plan (which ``PlanSchedule`` does not run) runs on umsearch's own
+    launcher session instead.
     """
     from umsearch.runtime.fidelity import rotation
 
     runners = make_runners(rank, world, jobs, factory, cfg)
+    peaks = []
     for runner in runners:
-        for step in range(cfg.warmup_steps):
+        for step in range(cfg.warmup_steps - 1):
             runner.step(step)
+        peaks.append((runner.rank, runner.peak_step(max(cfg.warmup_steps - 1, 0))[1]))
     out: list[list[Any]] = []
     for r in range(rounds):
         measured: list[Any] = [None] * len(jobs)
         for j in rotation(len(jobs), r):
             measured[j] = runners[j].step(cfg.warmup_steps + r)
         out.append(measured)
-    return out
+    return RankRounds(peaks=tuple(peaks), rounds=out)
 
 
 def make_runners(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str | None]], factory: ModelFactory,
@@ -198,7 +239,7 @@ def make_runners(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str | No
 
 
 def machine(factory: ModelFactory, cfg: RunConfig) -> MeasureFn:
-    """The real measurement: one launch of ``mixed_worker`` on the plans' ranks (all entries share them)."""
+    """The real measurement: one launch of :func:`measured_worker` on the plans' ranks (all entries share them)."""
 
     def measure(entries: Sequence[Entry], rounds: int) -> list[Measured]:
         from umsearch.runtime.launch import launch
@@ -208,15 +249,23 @@ def machine(factory: ModelFactory, cfg: RunConfig) -> MeasureFn:
             raise ValueError(f"contenders on different rank counts {sorted(ranks)} cannot run in one launch")
         world = ranks.pop()
         jobs = [(e.runtime, e.plan, e.schedule) for e in entries]  # checked Plans, pickled to the ranks
-        per_rank = launch(mixed_worker, world, (jobs, factory, cfg, rounds), cfg.launch)
+        got: list[RankRounds] = launch(measured_worker, world, (jobs, factory, cfg, rounds), cfg.launch)
+        per_rank = [g.rounds for g in got]
         out = []
         for i, e in enumerate(entries):
+            peaks = rank_peaks([g.peaks[i] for g in got])
             if e.runtime == "umsearch":
                 steps = tuple(merge_step([per_rank[rk][r][i] for rk in range(world)]) for r in range(rounds))
-                out.append(Measured(step_ms=tuple(s.step_ms for s in steps), steps=steps))
+                out.append(Measured(step_ms=tuple(s.step_ms for s in steps), steps=steps, peak_bytes=peaks))
             else:
                 out.append(Measured(step_ms=tuple(max(per_rank[rk][r][i] for rk in range(world))
-                                                  for r in range(rounds))))  # fmt: skip
+                                                  for r in range(rounds)), peak_bytes=peaks))  # fmt: skip
         return out
 
     return measure
+
+
+def rank_peaks(peaks: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """Per pipeline rank, the largest peak of its processes (``(pipeline rank, bytes)`` per process)."""
+    ranks = max((r for r, _ in peaks), default=-1) + 1
+    return tuple(max(b for r, b in peaks if r == k) for k in range(ranks))

@@ -14,7 +14,13 @@ One round of the loop:
    class (:mod:`umsearch.orchestrate.contenders`);
 3. **refit** the calibration on everything that ran through ``PlanSchedule`` so
    far (torch's schedules give no per-action times: their medians are compared
-   against, never fitted), and predict every contender again.
+   against, never fitted), and predict every contender again;
+4. **fit the memory limit**: under ``memory_limit`` a contender whose measured
+   peak (one warm-up iteration per rank: the tally on CPU, the allocator's on
+   CUDA, :mod:`umsearch.orchestrate.contenders`) exceeds it on any rank is
+   dropped from the round, and the report says which, on which rank, by how
+   much; the search predicted its plans fit, torch's schedules were never
+   checked, and only the measurement says. No contender left is an error.
 
 It stops when the same contender measured fastest in two consecutive rounds,
 when the rounds are spent or when the next round would overrun the budget.
@@ -41,7 +47,7 @@ from umsearch.core.cost import CostModel
 from umsearch.core.options import check_bounds, option
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
-from umsearch.errors import SearchSpaceError
+from umsearch.errors import NoFeasiblePlanError, SearchSpaceError
 from umsearch.orchestrate.contenders import Entry, Measured, MeasureFn, Runtime
 from umsearch.orchestrate.fit import MeasuredPlan, Scales, fit_report
 
@@ -82,6 +88,8 @@ class TuneConfig:
     """How the refit models layers run together (:mod:`umsearch.orchestrate.fit`)."""
     state_factor: float = 4.0
     """Bytes of training state per parameter byte (the predictions' memory term; the search space's)."""
+    memory_limit: float | None = None
+    """Bytes a contender's measured peak may reach on every rank (the search space's); None: no check."""
 
     def __post_init__(self) -> None:
         check_bounds(self, SearchSpaceError)
@@ -139,7 +147,60 @@ class ContenderResult:
                 "predicted_before_ms": self.predicted_before_ms, "predicted_after_ms": self.predicted_after_ms,
                 "measured_median_ms": self.median_ms, "measured_ci95_ms": list(self.ci95_ms),
                 "measured_ms": list(self.measured.step_ms), "drift": drift(self.measured.step_ms),
-                "measured_iteration_ms": self.iteration_ms, "plan": c.plan.to_json()}  # fmt: skip
+                "measured_iteration_ms": self.iteration_ms, "measured_peak_bytes": list(self.measured.peak_bytes),
+                "plan": c.plan.to_json()}  # fmt: skip
+
+    def worst_rank(self) -> int | None:
+        """The rank with the largest measured peak (the first of equals; None: no peak was measured)."""
+        peaks = self.measured.peak_bytes
+        return max(range(len(peaks)), key=lambda r: (peaks[r], -r)) if peaks else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverLimit:
+    """A contender dropped from its round: its measured peak exceeded the memory limit on ``rank``."""
+
+    result: ContenderResult
+    rank: int
+    """Its rank with the largest measured peak."""
+    peak_bytes: int
+    limit_bytes: float
+
+    def describe(self) -> str:
+        c = self.result.candidate
+        return (f"{c.name} ({c.runtime}) measured a peak of {self.peak_bytes / 2**20:.2f} MiB ({self.peak_bytes} "
+                f"bytes) on rank {self.rank}, over the memory limit of {self.limit_bytes / 2**20:.2f} MiB")  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.result.candidate
+        return {"name": c.name, "key": c.key, "runtime": c.runtime, "schedule": c.schedule, "rank": self.rank,
+                "measured_peak_bytes": self.peak_bytes, "limit_bytes": self.limit_bytes,
+                "measured_median_ms": self.result.median_ms}  # fmt: skip
+
+
+def over_limit(result: ContenderResult, limit: float | None) -> OverLimit | None:
+    """Why ``result`` does not fit ``limit`` (None: it fits, no limit is set or no peak was measured)."""
+    rank = result.worst_rank()
+    if limit is None or rank is None or result.measured.peak_bytes[rank] <= limit:
+        return None
+    return OverLimit(result=result, rank=rank, peak_bytes=result.measured.peak_bytes[rank], limit_bytes=limit)
+
+
+def fit_limit(results: Sequence[ContenderResult], limit: float | None) -> tuple[tuple[ContenderResult, ...],
+                                                                               tuple[OverLimit, ...]]:  # fmt: skip
+    """``results`` split into those that fit ``limit`` on every rank and those dropped (order kept).
+
+    Raises :class:`NoFeasiblePlanError` when none fits, naming the smallest measured peak.
+    """
+    over = {id(r): o for r in results if (o := over_limit(r, limit)) is not None}
+    kept = tuple(r for r in results if id(r) not in over)
+    if results and not kept:
+        least = min(over.values(), key=lambda o: o.peak_bytes)
+        raise NoFeasiblePlanError(
+            f"no contender fits --memory-limit {limit:.0f} bytes as measured: the smallest measured peak was "
+            f"{least.peak_bytes} bytes ({least.result.candidate.name}, rank {least.rank}); raise --memory-limit to at "
+            "least that, or spread the model over more ranks (--ranks) so that each holds less")
+    return kept, tuple(over.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,9 +209,12 @@ class RoundResult:
 
     index: int
     contenders: tuple[ContenderResult, ...]
+    """The contenders that fit the memory limit (all of them without one): the round's field."""
     refit: dict[str, Any] | None
     """The refit's report (None when nothing ran through PlanSchedule)."""
     wall_s: float
+    over_limit: tuple[OverLimit, ...] = ()
+    """The contenders dropped because their measured peak exceeded the memory limit."""
 
     @property
     def fastest(self) -> ContenderResult:
@@ -269,8 +333,10 @@ class _Loop:
         refit = self.refit(index, cands, got)
         after = [predict_ms(c.plan, self.current, self.cfg.state_factor) for c in cands]
         results = tuple(_result(c, b, a, m) for c, b, a, m in zip(cands, before, after, got, strict=True))
+        kept, over = fit_limit(results, self.cfg.memory_limit)
         self.report("done", 3)
-        return RoundResult(index=index, contenders=results, refit=refit, wall_s=time.monotonic() - start)
+        return RoundResult(index=index, contenders=kept, refit=refit, wall_s=time.monotonic() - start,
+                           over_limit=over)  # fmt: skip
 
     def stop(self, elapsed_s: float) -> str | None:
         """Why the loop ends after the last round, or None to go on."""

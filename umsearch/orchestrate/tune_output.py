@@ -105,8 +105,12 @@ def document(result: TuneResult, meta: dict[str, Any]) -> dict[str, Any]:
             "held_out_mape_percent": calibration.get("held_out_mape_percent"),
             "timing": "measured: barrier to the end of the optimizer step, slowest rank, median over rotated rounds; "
                       "predicted: the reference simulator's iteration time",
+            "memory": "measured peak per rank, one warm-up iteration: the tally of parameters, gradients, optimizer "
+                      "states and saved tensors on CPU, the allocator's peak on CUDA; a contender over the memory "
+                      "limit on any rank is dropped from its round (over_memory_limit)",
             "rounds": [{"index": r.index + 1, "wall_s": r.wall_s, "fastest": r.fastest.candidate.name,
                         "contenders": [c.to_json() for c in r.contenders],
+                        "over_memory_limit": [o.to_json() for o in r.over_limit],
                         "refit": None if r.refit is None else {k: v for k, v in r.refit.items() if k != "probe_rows"}}
                        for r in result.rounds]}  # fmt: skip
 
@@ -144,6 +148,9 @@ def report_md(result: TuneResult, meta: dict[str, Any]) -> str:
             mark = " **(fastest)**" if c is r.fastest else ""
             lines.append(f"| {c.candidate.name}{mark} | {c.candidate.runtime} | {_ms(c.predicted_before_ms)} | "
                          f"{_ms(c.predicted_after_ms)} | {c.median_ms:.2f} | {c.ci95_ms[0]:.2f}-{c.ci95_ms[1]:.2f} |")  # fmt: skip
+        if r.over_limit:
+            lines += ["", "Dropped, over the memory limit as measured (one warm-up iteration per rank):", ""]
+            lines += [f"- {o.describe()}" for o in r.over_limit]
     if result.interrupted:
         lines += ["", "Interrupted: only the rounds above were measured."]
     return "\n".join(lines) + "\n"

@@ -13,9 +13,10 @@ process through :class:`RankSession`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -28,7 +29,7 @@ from umsearch.runtime.executor import IterationStats, StageExecutor
 from umsearch.runtime.factory import ModelFactory, ModelLike, stage_module
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import local_rank_device
-from umsearch.runtime.memory_tally import MemoryTally, Tally
+from umsearch.runtime.memory_tally import MemoryTally, Tally, optimizer_state_bytes, storage_bytes
 from umsearch.runtime.placement import Placement, check_world, replica_worlds
 from umsearch.runtime.preflight import rank_preflight
 from umsearch.runtime.zero1 import make_optimizer
@@ -50,6 +51,37 @@ class StageReport:
     """The data-parallel replica the rank belongs to."""
     tally: Tally | None = None
     """The memory of the first iteration in the model's own terms (:mod:`umsearch.runtime.memory_tally`)."""
+
+
+T = TypeVar("T")
+
+
+def peak_of(run: Callable[[], T], params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None,
+            device: torch.device) -> tuple[T, int]:  # fmt: skip
+    """``run()``'s result and this rank's peak memory in it (bytes).
+
+    On CUDA the allocator's: ``max_memory_allocated`` after ``reset_peak_memory_stats``, less what was
+    allocated when ``run`` started, plus the parameters' and optimizer states' bytes then (other contenders'
+    models may share the device in one process: what they hold is not this one's). Elsewhere
+    :class:`MemoryTally`'s peak (parameters, gradients, optimizer states, saved tensors). Either way the
+    gradients are dropped first, so they count from when they appear (an iteration zeroes them anyway);
+    a weight ``params`` lists twice counts once.
+    """
+    params = list({id(p): p for p in params}.values())
+    for p in params:
+        p.grad = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        own = storage_bytes(params) + optimizer_state_bytes(optimizer)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        out = run()
+        torch.cuda.synchronize(device)
+        return out, torch.cuda.max_memory_allocated(device) - start + own
+    tally = MemoryTally(params, optimizer)
+    with tally:
+        out = run()
+    return out, tally.result().peak_bytes
 
 
 GroupCache = dict[tuple[Any, ...], Any]
@@ -90,6 +122,7 @@ class RankSession:
         optimizer = make_optimizer(cfg.optimizer, cfg.lr, [list(m.parameters()) for m in self.modules],
                                    zero1=plan.zero1, group=grad_sync.group if grad_sync is not None else None,
                                    copies=plan.data_parallel, shard=self.placement.replica)  # fmt: skip
+        self.device = device
         self.executor = StageExecutor(plan, rank, self.modules, self.model.loss, comm, optimizer=optimizer,
                                       device=device, precision=precision, grad_sync=grad_sync,
                                       program=lower_rank(plan, rank))  # fmt: skip
@@ -139,6 +172,12 @@ class RankSession:
         with tally:
             stats = self.step(step)
         return stats, tally.result()
+
+    def peak_step(self, step: int) -> tuple[IterationStats, int]:
+        """:meth:`step` and this rank's peak memory in it (:func:`peak_of`: the tally's on CPU, the
+        allocator's on CUDA)."""
+        return peak_of(lambda: self.step(step), (p for m in self.modules for p in m.parameters()),
+                       self.executor.optimizer, self.device)  # fmt: skip
 
     def grads(self) -> dict[str, torch.Tensor]:
         """Every parameter's gradient (CPU copies), named by global layer index."""
