@@ -35,6 +35,9 @@ def test_tune_writes_the_plan_that_measured_fastest(tmp_path: Path) -> None:
     fastest = min(last, key=lambda c: c["measured_median_ms"])
     assert doc["winner"]["key"] == fastest["key"] and summary["winner"]["name"] == fastest["name"]
     assert {c["runtime"] for c in last} == {"umsearch", "torch"}
+    # Every contender's peak measured on both ranks; the default limit (80 GiB) drops none of this tiny model's.
+    assert all(len(c["measured_peak_bytes"]) == 2 and min(c["measured_peak_bytes"]) > 0 for c in last)
+    assert doc["rounds"][-1]["over_memory_limit"] == []
     plan = load_plan_file(out / "plan.json").document
     assert plan.plan.to_json() == fastest["plan"]
     lo, hi = fastest["measured_ci95_ms"]

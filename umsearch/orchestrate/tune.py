@@ -18,9 +18,10 @@ One round of the loop:
 4. **fit the memory limit**: under ``memory_limit`` a contender whose measured
    peak (one warm-up iteration per rank: the tally on CPU, the allocator's on
    CUDA, :mod:`umsearch.orchestrate.contenders`) exceeds it on any rank is
-   dropped from the round, and the report says which, on which rank, by how
-   much; the search predicted its plans fit, torch's schedules were never
-   checked, and only the measurement says. No contender left is an error.
+   dropped from the round (the fastest and the champion are picked among the
+   rest), and the report says which, on which rank, measured against what: the
+   search only predicts that its plans fit, and this is where torch's schedules
+   meet the limit at all. No contender left is an error.
 
 It stops when the same contender measured fastest in two consecutive rounds,
 when the rounds are spent or when the next round would overrun the budget.

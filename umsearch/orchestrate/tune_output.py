@@ -70,6 +70,8 @@ def verdict(result: TuneResult) -> str:
     last = result.rounds[-1].contenders
     lo, hi = w.ci95_ms
     text = f"{w.candidate.name} measured fastest: {w.median_ms:.2f} ms [{lo:.2f}, {hi:.2f}] (95% interval)"
+    if dropped := len(result.rounds[-1].over_limit):
+        text += f" of the contenders that fit the memory limit ({dropped} measured over it, dropped)"
     if w.candidate.runtime == "torch":
         return (text + f" with torch's own schedule class: torch's schedule {w.candidate.schedule} is as good as or better "
                 "than every plan umsearch found here; plan.json is that schedule, exported for torchtitan "
