@@ -89,9 +89,9 @@ def torch_comparison(factory: Any, plans: list[tuple[str, Plan]], rounds: int) -
     from umsearch.core.schedules import PEER_SCHEDULES
 
     peers = [(n, p) for n, p in plans[1:] if n in PEER_SCHEDULES]
-    jobs: list[Any] = [("umsearch", plans[0][1].to_json(), None)]
+    jobs: list[Any] = [("umsearch", plans[0][1], None)]
     for n, p in peers:
-        jobs += [("torch", p.to_json(), n), ("umsearch", p.to_json(), None)]
+        jobs += [("torch", p, n), ("umsearch", p, None)]
     times = measure(factory, jobs, ranks=2, rounds=rounds)
     ours = times[0]
     rows = {}

@@ -1,7 +1,7 @@
 """torch.distributed.pipelining's own schedules beside umsearch's plans, in one set of processes, on one runtime.
 
-Contenders are ``("torch", plan JSON, schedule name)`` (torch's schedule class
-on the peer plan's partition and microbatch count) or ``("umsearch", plan JSON,
+Contenders are ``("torch", plan, schedule name)`` (torch's schedule class
+on the peer plan's partition and microbatch count) or ``("umsearch", plan,
 None)`` (the plan through ``PlanSchedule``); both run on torch's
 ``PipelineStage`` objects, shared where plans cut the model alike
 (:mod:`umsearch.orchestrate.contenders`, which ``tune`` measures with too).
@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-Job = tuple[str, dict[str, Any], str | None]
+from umsearch.core.plan import Plan
+
+Job = tuple[str, Plan, str | None]
+"""A contender: its runtime, its checked plan (pickled to the ranks, never re-parsed) and torch's schedule."""
 
 
 def worker(rank: int, world: int, factory: Any, jobs: list[Job], rounds: int, warmup: int) -> list[list[float]]:
