@@ -150,16 +150,22 @@ def random_orders(stages: Sequence[Stage], ranks: int, split: Sequence[Sequence[
 
 
 @st.composite
-def plans(draw: st.DrawFn, num_layers: int, max_batch: int = 12, max_ranks: int = 4, split: bool = True,
-          recompute: bool = True) -> Plan:  # fmt: skip
-    """Random valid plan/2s: placements, unequal lists, recompute, I/W splits, any valid order
-    (deadlocking ones included)."""
+def plan_shapes(draw: st.DrawFn, num_layers: int, max_batch: int,
+                max_ranks: int) -> tuple[int, int, list[int], list[int], int]:  # fmt: skip
+    """A random plan's frame: ranks R, stages S, each stage's rank, the layer cuts and the batch B."""
     R = draw(st.integers(1, min(max_ranks, num_layers)))
     S = draw(st.integers(R, min(num_layers, 3 * R)))
     placement = draw(placements(R, S))
     inner = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=S - 1, max_size=S - 1))) if S > 1 else []
-    cuts = [0, *inner, num_layers]
-    B = draw(st.integers(1, max_batch))
+    return R, S, placement, [0, *inner, num_layers], draw(st.integers(1, max_batch))
+
+
+@st.composite
+def plans(draw: st.DrawFn, num_layers: int, max_batch: int = 12, max_ranks: int = 4, split: bool = True,
+          recompute: bool = True) -> Plan:  # fmt: skip
+    """Random valid plan/2s: placements, unequal lists, recompute, I/W splits, any valid order
+    (deadlocking ones included)."""
+    R, S, placement, cuts, B = draw(plan_shapes(num_layers, max_batch, max_ranks))
     stages = []
     for j in range(S):
         fwd = draw(partitions(B))

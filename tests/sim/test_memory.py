@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import partitions, placements, profiles, random_orders
+from tests.strategies import partitions, plan_shapes, profiles, random_orders
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan, Stage
 from umsearch.core.profile import Profile
@@ -38,12 +38,7 @@ def memory_profiles(draw: st.DrawFn) -> Profile:
 def handing_plans(draw: st.DrawFn, num_layers: int, max_batch: int = 10, max_ranks: int = 3) -> Plan:
     """Random valid plans where neighbouring stages often share a rank and a forward list (so they hand
     boundaries on), with recompute and I/W splits drawn per stage and microbatch."""
-    R = draw(st.integers(1, min(max_ranks, num_layers)))
-    S = draw(st.integers(R, min(num_layers, 3 * R)))
-    placement = draw(placements(R, S))
-    inner = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=S - 1, max_size=S - 1))) if S > 1 else []
-    cuts = [0, *inner, num_layers]
-    B = draw(st.integers(1, max_batch))
+    R, S, placement, cuts, B = draw(plan_shapes(num_layers, max_batch, max_ranks))
     common = draw(partitions(B))
     stages = []
     for j in range(S):
