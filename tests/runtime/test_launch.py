@@ -253,6 +253,14 @@ def test_a_vanished_rank_is_named_not_the_peer_that_lost_it() -> None:
     assert "(2 other rank(s) failed or were stopped after it)" in str(err)
 
 
+def test_a_rank_seen_twice_is_one_other_rank() -> None:
+    """The sibling of a failing rank may report losing its peer, report its stop and be seen gone, all three
+    on a busy machine: it is still one other rank (test_failing_rank_stops_the_run_with_its_error said 2)."""
+    err = first_failure([_err(1, 2.0, "boom", kind="ValueError"), _err(0, 3.0, _GLOO_LOST)],
+                        [{"rank": 0, "time": 3.5, "signal": "SIGTERM"}], {0: 4.0}, 1, "")  # fmt: skip
+    assert str(err) == "rank 1 failed: ValueError: boom (1 other rank(s) failed or were stopped after it)"
+
+
 def test_earliest_vanished_earliest_stopped_then_lost_peer() -> None:
     assert str(first_failure([], [], {3: 2.0, 1: 1.0}, 1, "")).startswith("rank 1 died")
     stopped = [{"rank": 1, "time": 2.0, "signal": "SIGTERM"}, {"rank": 0, "time": 1.0, "signal": "SIGTERM"}]

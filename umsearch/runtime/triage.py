@@ -37,7 +37,8 @@ def first_failure(errors: Sequence[dict[str, Any]], stopped: Sequence[dict[str, 
     """
     own = sorted((e for e in errors if not _PEER_LOST.search(str(e.get("message", "")))), key=lambda e: e["time"])
     lost = sorted((e for e in errors if _PEER_LOST.search(str(e.get("message", "")))), key=lambda e: e["time"])
-    others = len(errors) + len(stopped) + len(vanished) - 1
+    # Distinct ranks: a rank stopped under a busy machine may both report its stop and be seen gone.
+    others = len({e["rank"] for e in (*errors, *stopped)} | set(vanished)) - 1
     tail = f" ({others} other rank(s) failed or were stopped after it)" if others > 0 else ""
     if own or (lost and not vanished and not stopped):
         rep = (own or lost)[0]
