@@ -217,9 +217,9 @@ def error(measured_ms: float, predicted_ms: float) -> float:
 
 def one_shape(name: str, base: Plan, profile: Profile, rounds: int) -> dict[str, Any]:
     from umsearch.runtime.config import LaunchConfig, RunConfig
-    from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.fidelity import rounds_worker
     from umsearch.runtime.launch import launch
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.runtime.placement import stage_copies
 
     launch_cfg = LaunchConfig(threads=1, timeout_s=600)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stats import environment
-from umsearch.core.data import data_dir
+from umsearch.core.bundled import data_dir
 from umsearch.core.profile import Profile, load_profile
 from umsearch.search.driver import SearchResult, run_search
 from umsearch.search.space import SearchSpace, load_space

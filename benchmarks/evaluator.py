@@ -4,7 +4,7 @@ Issue 37 item 4 asks for at least 50k plans/s on plans of about 1,500
 actions. The contenders, side by side in one process, rounds rotated, each
 round timing ``pack`` + ``evaluate`` of the whole population:
 
-- ``new``: :func:`umsearch.sim.batch.pack` and :func:`umsearch.sim.batch.evaluate` as they are,
+- ``new``: :func:`umsearch.sim.population.pack` and :func:`umsearch.sim.population.evaluate` as they are,
 - ``old``: the evaluator as of commit ca48f1c, kept here verbatim (``_old_evaluate_all`` and
   ``_old_one``, compiled without a disk cache so no stale code can be served; the kernels
   of :mod:`umsearch.sim.kernels` it calls and ``pack`` are unchanged since),
@@ -40,16 +40,7 @@ from umsearch.core.actions import Action
 from umsearch.core.cost import CostModel, CostTables
 from umsearch.core.plan import Plan, Stage
 from umsearch.measure.synthetic import simnet_profile
-from umsearch.sim import batch
-from umsearch.sim.batch import (
-    ArrayPlan,
-    BatchResult,
-    PackedPlans,
-    allreduce_links,
-    encode,
-    evaluate,
-    pack,
-)
+from umsearch.sim import population
 from umsearch.sim.kernels import (
     code_kind,
     code_mb,
@@ -64,6 +55,15 @@ from umsearch.sim.kernels import (
     ready_at,
     received_boundary,
     source_stage,
+)
+from umsearch.sim.population import (
+    ArrayPlan,
+    BatchResult,
+    PackedPlans,
+    allreduce_links,
+    encode,
+    evaluate,
+    pack,
 )
 from umsearch.storage.jsonio import write_json
 
@@ -134,7 +134,7 @@ def random_plan(rng: random.Random, ranks: int, per_rank: int, m_lo: int, m_hi: 
 
 
 def old_evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
-    """:func:`umsearch.sim.batch.evaluate` as of ca48f1c (same wrapper, the old compiled loop)."""
+    """:func:`umsearch.sim.population.evaluate` as of ca48f1c (same wrapper, the old compiled loop)."""
     n = packed.size
     n_ranks = int(packed.rank_ptr[-1])
     it, top, comp, ar_end = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
@@ -196,7 +196,7 @@ def _old_evaluate_all(  # type: ignore[no-untyped-def]
             last_end[:R] = 0.0
             ready[:S] = 0.0
             for u in range(run_ptr[c], run_ptr[c + 1]):
-                batch._set_links(link, R, run_node, node_ptr[u], node_ptr[u + 1], links, c, latency, ms_per_byte)
+                population._set_links(link, R, run_node, node_ptr[u], node_ptr[u + 1], links, c, latency, ms_per_byte)
                 dead[c] = _old_one(c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr,
                                act, act_ptr, times, out_bytes, stash_prefix, param_prefix, input_bytes,
                                op_oh, msg_oh, msg_per_byte, factor,
@@ -248,7 +248,7 @@ def _old_one(  # type: ignore[no-untyped-def]
     n_f = fwd_ptr[s1] - f_base
     n_slots = n_f + bwd_ptr[s1] - b_base
     link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
-    batch._reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem[r0:r1], busy[r0:r1])
+    population._reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem[r0:r1], busy[r0:r1])
     top_of_stack = R
     remaining = act_ptr[r1] - act_ptr[r0]
     while top_of_stack > 0:

@@ -104,7 +104,7 @@ def measure(name: str, args: dict[str, Any], ranks: Sequence[int]) -> dict[str, 
     """Profile ``name`` and compare every rank of every plan shape with the tally."""
     from umsearch.measure.profiler import ProfileConfig, profile_model
     from umsearch.nn.models import build_model
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.runtime.replay import predict, replay_rank
 
     spec = ModelSpec(source=name, args=args)

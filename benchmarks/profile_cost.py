@@ -136,8 +136,8 @@ def calibrate_all(spec: ModelSpec, profiles: dict[str, Profile], rounds: int) ->
     from umsearch.orchestrate.calibration import measured_plan, probe_plans
     from umsearch.orchestrate.fit import fit_report
     from umsearch.runtime.config import LaunchConfig, RunConfig
-    from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.fidelity import Contender, measure_rounds
+    from umsearch.runtime.model_source import spec_factory
 
     last = list(profiles.values())[-1]
     bare = CostModel(dataclasses.replace(last, runtime=RuntimeCosts()))

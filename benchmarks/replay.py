@@ -157,7 +157,7 @@ def sharing(spec: ModelSpec, b: int = 4) -> dict[str, Any]:
 def memory_rows(spec: ModelSpec, profile: Profile, plan_set: dict[str, Plan]) -> list[dict[str, Any]]:
     """Per plan and rank: predicted state and activations (SGD, factor 2; docs/model.md 5 as the reference
     simulator's ``rank_peak_memory`` predicts them, hand-offs included) against the replay's tally."""
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.runtime.replay import predict, replay_rank
 
     cost = CostModel(profile, state_factor=2.0)
@@ -178,7 +178,7 @@ def memory_rows(spec: ModelSpec, profile: Profile, plan_set: dict[str, Plan]) ->
 def real_busy(plan: Plan, spec: ModelSpec, cost: CostModel, steps: int) -> list[float]:
     """Per rank, the median over the kept iterations of a real 2-rank run of its action durations summed."""
     from umsearch.runtime.config import LaunchConfig, RunConfig
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.runtime.run_plan import run_plan
 
     cfg = RunConfig(steps=steps, warmup_steps=1, launch=LaunchConfig(threads=1, timeout_s=300))
@@ -196,7 +196,7 @@ def real_busy(plan: Plan, spec: ModelSpec, cost: CostModel, steps: int) -> list[
 def replay_busy(plan: Plan, spec: ModelSpec, steps: int) -> list[float]:
     """Per rank, the replay's measured busy time (median kept iteration), every rank alone on this CPU."""
     from umsearch.runtime.config import LaunchConfig, RunConfig
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.runtime.replay import replay_rank
 
     cfg = RunConfig(launch=LaunchConfig(threads=1))
@@ -245,7 +245,7 @@ def calibration_section(spec: ModelSpec, profile: Profile, plan_set: dict[str, P
                         rounds: int) -> dict[str, Any]:  # fmt: skip
     """Step 3 of the module doc: probe calibration and replay calibration, each judged held out."""
     from umsearch.orchestrate.calibration import calibrate, calibrate_replay
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.sim.reference import simulate
 
     t0 = time.time()

@@ -118,8 +118,8 @@ def model_report(name: str, spec: dict[str, Any], profile: Profile, rounds: int,
     from umsearch.core.profile import RuntimeCosts
     from umsearch.orchestrate.calibration import calibrate
     from umsearch.runtime.config import LaunchConfig, RunConfig
-    from umsearch.runtime.factory import spec_factory
     from umsearch.runtime.fidelity import Contender, measure_contenders
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.sim.reference import simulate
 
     factory = spec_factory(ModelSpec.from_json(spec), SEED)

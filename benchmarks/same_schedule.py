@@ -114,7 +114,7 @@ def measure_model(section: dict[str, Any], rounds: int, launches: int = 1) -> di
     from umsearch.core.model_spec import ModelSpec
     from umsearch.orchestrate.contenders import Entry, machine
     from umsearch.runtime.config import LaunchConfig, RunConfig
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
 
     picked = _pick(section)
     if picked is None:

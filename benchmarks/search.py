@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stats import drift, environment, ratio, summary
-from umsearch.core.data import data_dir
+from umsearch.core.bundled import data_dir
 from umsearch.core.profile import Profile, load_profile, save_profile
 from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.driver import run_search

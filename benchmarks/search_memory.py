@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stats import environment
-from umsearch.core.data import data_dir
+from umsearch.core.bundled import data_dir
 from umsearch.core.profile import load_profile
 from umsearch.errors import NoFeasiblePlanError
 from umsearch.search.baselines import GREEDY

@@ -30,7 +30,7 @@ from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
 from umsearch.measure.synthetic import simnet_profile
-from umsearch.sim.batch import encode, evaluate, pack
+from umsearch.sim.population import encode, evaluate, pack
 from umsearch.sim.reference import simulate
 from umsearch.storage.jsonio import write_json
 

@@ -129,7 +129,7 @@ def model_report(spec: dict[str, Any], profile: Profile, profile_path: str, a: a
     from umsearch.orchestrate.tune import TuneConfig, tune_meta, tune_on_machine
     from umsearch.orchestrate.tune_output import document
     from umsearch.runtime.config import LaunchConfig, RunConfig
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.search.space import build_space
 
     # Named here, not read from a file: the spec is ours, so it is trusted (and needs no zoo list).

@@ -11,7 +11,7 @@ from tests.runtime.helpers import peer_plan
 def test_torch_and_umsearch_runtimes_run_side_by_side() -> None:
     from benchmarks.torch_peers import measure
     from umsearch.core.model_spec import ModelSpec
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
 
     factory = spec_factory(ModelSpec.from_json({"source": "mlp", "args": {"layers": 4, "width": 32}}), 0)
     one = peer_plan("1F1B", 2, 1, 4, batch=8, layers=5)

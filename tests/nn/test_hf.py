@@ -149,7 +149,7 @@ def hf_schedule_worker(rank: int, world: int, name: str, plan: Plan) -> dict[str
     from torch.distributed.pipelining import PipelineStage
 
     from umsearch.pipelining import PlanSchedule
-    from umsearch.runtime.factory import stage_module
+    from umsearch.runtime.model_source import stage_module
 
     model = _built64(name)
     mine = plan.stages_of(rank)

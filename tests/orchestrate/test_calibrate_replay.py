@@ -56,7 +56,7 @@ def test_kept_message_terms_leave_the_measured_side_and_the_rest_is_recovered_ex
 
 def test_calibrating_from_replayed_ranks_fits_finite_compute_terms_and_keeps_the_links() -> None:
     from umsearch.orchestrate.calibration import calibrate_replay
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
 
     prof = _profile()
     seen: list[str] = []

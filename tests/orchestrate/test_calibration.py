@@ -32,7 +32,7 @@ def test_calibrating_a_zoo_model_runs_and_fits(tmp_path) -> None:  # type: ignor
     from umsearch.measure.profiler import ProfileConfig, profile_model
     from umsearch.nn.models import ModelSpec, build_model
     from umsearch.orchestrate.calibration import calibrate
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
 
     spec = ModelSpec.from_json({"source": "mlp", "args": {"layers": 4, "width": 64}})
     prof = profile_model(build_model(spec), spec, ProfileConfig(sizes=(1, 2, 4, 8), repeats=3),

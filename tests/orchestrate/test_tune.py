@@ -15,7 +15,7 @@ from umsearch.core.cost import CostModel
 from umsearch.core.loader import load_plan_file
 from umsearch.core.profile import Profile, RuntimeCosts, load_profile
 from umsearch.orchestrate.calibration import probe_plans
-from umsearch.orchestrate.contenders import Entry, Measured
+from umsearch.orchestrate.contenders import ContenderMeasurement, Entry
 from umsearch.orchestrate.tune import (
     STOP_BUDGET,
     STOP_INTERRUPTED,
@@ -50,7 +50,7 @@ class FakeMachine:
         self.times, self.calls, self.interrupt_at = times, 0, interrupt_at
         self.seen: list[list[str]] = []
 
-    def __call__(self, entries: Sequence[Entry], rounds: int) -> list[Measured]:
+    def __call__(self, entries: Sequence[Entry], rounds: int) -> list[ContenderMeasurement]:
         if self.calls == self.interrupt_at:
             raise KeyboardInterrupt
         self.seen.append([e.name for e in entries])
@@ -60,7 +60,7 @@ class FakeMachine:
             name = "torch " + e.name.removesuffix(" via PlanSchedule") if e.name not in self.times else e.name
             t = self.times[name]
             ms = t[self.calls % len(t)] if isinstance(t, list) else t
-            out.append(Measured(step_ms=tuple(ms * (1 + 0.01 * ((r % 3) - 1)) for r in range(rounds))))
+            out.append(ContenderMeasurement(step_ms=tuple(ms * (1 + 0.01 * ((r % 3) - 1)) for r in range(rounds))))
         self.calls += 1
         return out
 
@@ -171,7 +171,7 @@ TRUTH = RuntimeCosts(op_overhead_ms=0.3, message_overhead_ms=0.2, message_overhe
 class SimulatedMachine:
     """A machine that runs plans exactly as the simulator predicts them under :data:`TRUTH`, with records."""
 
-    def __call__(self, entries: Sequence[Entry], rounds: int) -> list[Measured]:
+    def __call__(self, entries: Sequence[Entry], rounds: int) -> list[ContenderMeasurement]:
         truth = CostModel(dataclasses.replace(PROFILE, runtime=TRUTH))
         out = []
         for e in entries:
@@ -183,7 +183,7 @@ class SimulatedMachine:
 
                 steps = tuple(StepResult(iteration_ms=res.iteration_ms, step_ms=res.iteration_ms, loss=None,
                                          records=res.records) for _ in range(rounds))  # fmt: skip
-            out.append(Measured(step_ms=(res.iteration_ms,) * rounds, steps=steps))
+            out.append(ContenderMeasurement(step_ms=(res.iteration_ms,) * rounds, steps=steps))
         return out
 
 

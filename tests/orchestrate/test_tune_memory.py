@@ -15,7 +15,7 @@ from tests.runtime.helpers import peer_plan
 from tests.runtime.test_distributed import tiny_model
 from tests.strategies import uniform_profile
 from umsearch.errors import NoFeasiblePlanError
-from umsearch.orchestrate.contenders import Entry, Measured, machine
+from umsearch.orchestrate.contenders import ContenderMeasurement, Entry, machine
 from umsearch.orchestrate.tune import Candidate, TuneConfig, tune
 from umsearch.orchestrate.tune_output import document, fill
 from umsearch.runtime.config import LaunchConfig, RunConfig
@@ -28,9 +28,9 @@ PEAKS = {"GPipe x2": (5 * MiB, 4 * MiB), "1F1B x8": (3 * MiB, 9 * MiB), "Interle
 class PeakMachine(FakeMachine):
     """:class:`FakeMachine` that also measures ``PEAKS[name]`` per rank."""
 
-    def __call__(self, entries: Sequence[Entry], rounds: int) -> list[Measured]:
+    def __call__(self, entries: Sequence[Entry], rounds: int) -> list[ContenderMeasurement]:
         got = super().__call__(entries, rounds)
-        return [Measured(step_ms=m.step_ms, peak_bytes=PEAKS.get(e.name, (MiB, MiB)))
+        return [ContenderMeasurement(step_ms=m.step_ms, peak_bytes=PEAKS.get(e.name, (MiB, MiB)))
                 for e, m in zip(entries, got, strict=True)]  # fmt: skip
 
 

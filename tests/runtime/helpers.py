@@ -169,7 +169,7 @@ class QueueComm:
 
 def rank_modules(plan: Plan, model: TinyModel, rank: int) -> list[torch.nn.Sequential]:
     """The stage modules rank ``rank`` holds, in stage order."""
-    from umsearch.runtime.factory import stage_module
+    from umsearch.runtime.model_source import stage_module
 
     return [stage_module(model, plan.stages[j].lo, plan.stages[j].hi) for j in plan.stages_of(rank)]
 

@@ -29,7 +29,7 @@ from umsearch.runtime.executor import StageExecutor
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import launch
 from umsearch.runtime.placement import (
-    Placement,
+    Seat,
     check_world,
     replica_worlds,
     stage_copies,
@@ -55,11 +55,11 @@ def test_world_ranks_follow_the_layout() -> None:
     outer = example8("pp_inner")  # device d * R + r
     assert replica_worlds(outer) == ((0, 1), (2, 3))
     assert stage_copies(outer) == ((0, 2), (1, 3))
-    assert Placement.of(inner, 2) == Placement(replica=0, rank=1)
-    assert Placement.of(outer, 2) == Placement(replica=1, rank=0)
-    assert Placement.of(outer, 3).samples(outer) == (4, 4)  # replica 1: samples [4, 8) of B = 8
+    assert Seat.of(inner, 2) == Seat(replica=0, rank=1)
+    assert Seat.of(outer, 2) == Seat(replica=1, rank=0)
+    assert Seat.of(outer, 3).samples(outer) == (4, 4)  # replica 1: samples [4, 8) of B = 8
     with pytest.raises(RuntimeExecutionError, match="process 4 is not one of the plan's 4"):
-        Placement.of(inner, 4)
+        Seat.of(inner, 4)
 
 
 def test_the_world_must_be_ranks_times_replicas() -> None:
@@ -78,7 +78,7 @@ class _Recorder(GradSync):
     """Records, at each ``start``, the stage and a copy of its gradients; reduces nothing."""
 
     def __init__(self) -> None:
-        super().__init__(placement=Placement(replica=0, rank=0), group=None, replicas=1)
+        super().__init__(placement=Seat(replica=0, rank=0), group=None, replicas=1)
         self.started: list[tuple[int, list[torch.Tensor]]] = []
         self.finished = 0
 

@@ -18,7 +18,7 @@ from tests.runtime.helpers import placed, rank_modules, tiny_model
 from umsearch.core.cluster import bucket_cap_bytes, bucket_firsts
 from umsearch.runtime.executor import StageExecutor
 from umsearch.runtime.gradsync import GradSync, buckets_of
-from umsearch.runtime.placement import Placement
+from umsearch.runtime.placement import Seat
 
 
 class _Launches(GradSync):
@@ -26,7 +26,7 @@ class _Launches(GradSync):
     whether the stage's last action had ended yet (``start`` called)."""
 
     def __init__(self) -> None:
-        super().__init__(placement=Placement(replica=0, rank=0), group=object(), replicas=2)  # type: ignore[arg-type]
+        super().__init__(placement=Seat(replica=0, rank=0), group=object(), replicas=2)  # type: ignore[arg-type]
         self.launched: list[tuple[int, list[torch.Tensor], list[torch.Tensor], bool]] = []
         self.ended: set[int] = set()
 

@@ -14,7 +14,7 @@ from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Link, Profile
 from umsearch.runtime.config import RunConfig
-from umsearch.runtime.factory import spec_factory
+from umsearch.runtime.model_source import spec_factory
 from umsearch.runtime.replay import predict, replay_rank
 
 GPT = ModelSpec(source="gpt", args={"layers": 2, "width": 16, "heads": 2, "seq": 8, "vocab": 32})

@@ -75,7 +75,7 @@ def schedule_worker(rank: int, world: int, jobs: list[tuple[Plan, str | None, bo
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     from umsearch.pipelining import PlanSchedule
-    from umsearch.runtime.factory import stage_module
+    from umsearch.runtime.model_source import stage_module
 
     out = []
     for plan, torch_name, scale in jobs:

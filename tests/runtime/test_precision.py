@@ -16,7 +16,7 @@ from umsearch.nn.precision import (
     check_precision,
 )
 from umsearch.runtime.executor import StageExecutor
-from umsearch.runtime.factory import stage_module
+from umsearch.runtime.model_source import stage_module
 
 PLAN = plan_of(8, ((0, 4), [2, 2, 4], None, 3))
 

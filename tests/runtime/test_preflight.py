@@ -31,7 +31,7 @@ from umsearch.core.profile import save_profile
 from umsearch.errors import ModelSpecError, PlanError
 from umsearch.nn.spec import BuiltModel
 from umsearch.runtime.config import ModelChoice
-from umsearch.runtime.factory import (
+from umsearch.runtime.model_source import (
     require_trusted,
     spec_factory,
     stage_module,

@@ -49,7 +49,7 @@ def loop_worker(rank: int, world: int, plan_path: str) -> tuple[dict[str, torch.
     """Launch target: the README's lines; this rank's parameters after them, and how many times the lines
     checked a plan (:func:`umsearch.core.plan_rules.validate_plan`'s real checks, not those it skips)."""
     from umsearch.core import plan_rules
-    from umsearch.runtime.factory import stage_module
+    from umsearch.runtime.model_source import stage_module
 
     code = readme_block().replace('"runs/gpt2r/plan.json"', repr(plan_path))
     plan = _plan()

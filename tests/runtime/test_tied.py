@@ -125,7 +125,7 @@ def schedule_worker(rank: int, world: int, name: str, plan: Plan, steps: int) ->
     from torch.distributed.pipelining import PipelineStage
 
     from umsearch.pipelining import PlanSchedule
-    from umsearch.runtime.factory import stage_module
+    from umsearch.runtime.model_source import stage_module
 
     model = tied_model(name)
     mine = plan.stages_of(rank)

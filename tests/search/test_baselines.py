@@ -17,7 +17,7 @@ from umsearch.core.profile import Link
 from umsearch.core.schedules import PEER_SCHEDULES
 from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.baselines import EXACT_LIMIT, baselines, counts, shapes, stage_counts
-from umsearch.search.factorize import Factorization, Placement
+from umsearch.search.factorize import ClusterPlacement, Factorization
 from umsearch.search.genome import Rules
 from umsearch.search.partition import (
     all_cuts,
@@ -30,7 +30,7 @@ from umsearch.search.partition import (
 )
 from umsearch.search.scoring import Scorer
 from umsearch.search.space import build_space
-from umsearch.sim.batch import encode
+from umsearch.sim.population import encode
 
 
 def _setup(profile, **kw):  # type: ignore[no-untyped-def]
@@ -219,7 +219,7 @@ def test_zero1_baselines_fit_where_unsharded_ones_do_not() -> None:
 
     def peer(zero1: bool, limit: float):  # type: ignore[no-untyped-def]
         f = Factorization(ranks=2, replicas=4, layout="dp_inner", zero1=zero1)
-        where = Placement(factorization=f, cluster=cluster, batch=32)
+        where = ClusterPlacement(factorization=f, cluster=cluster, batch=32)
         score = Scorer(rules, tables, limit, where)
         return baselines(replace(space, memory_limit=limit), rules, score, tables)["1F1B"]
 

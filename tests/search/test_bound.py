@@ -15,7 +15,7 @@ from tests.strategies import dp_plans, plans, profiles
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
 from umsearch.search.bound import lower_bound, max_sizes, min_split
-from umsearch.search.factorize import Factorization, Placement
+from umsearch.search.factorize import ClusterPlacement, Factorization
 from umsearch.search.genome import Rules
 from umsearch.sim.reference import simulate
 
@@ -116,7 +116,7 @@ def test_never_above_any_data_parallel_plan_that_fits(data: st.DataObject) -> No
         return
     D = plan.data_parallel
     f = Factorization(ranks=plan.ranks, replicas=D, layout=plan.layout, zero1=plan.zero1)
-    where = Placement(factorization=f, cluster=plan.cluster, batch=plan.global_batch)
+    where = ClusterPlacement(factorization=f, cluster=plan.cluster, batch=plan.global_batch)
     replica = dataclasses.replace(plan, global_batch=plan.global_batch // D, data_parallel=1, cluster=None, zero1=False)
     rules = replace(_rules_for(replica, any(plan.uses_split) or data.draw(st.booleans()), False),
                     memory_limit=max(res.peak_memory_bytes))  # fmt: skip

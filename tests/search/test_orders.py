@@ -18,7 +18,7 @@ from umsearch.core.profile import Profile
 from umsearch.core.schedules import one_f_one_b
 from umsearch.search.genome import Genome, Rules, genome_of
 from umsearch.search.orders import generate, pack_genomes
-from umsearch.sim.batch import decode, evaluate, pack, stage_memory
+from umsearch.sim.population import decode, evaluate, pack, stage_memory
 from umsearch.sim.reference import simulate
 
 

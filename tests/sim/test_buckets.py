@@ -17,7 +17,7 @@ from umsearch.core.cluster import MIB, bucket_cap_bytes, bucket_firsts
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
 from umsearch.errors import PlanError
-from umsearch.sim.batch import encode, evaluate, pack
+from umsearch.sim.population import encode, evaluate, pack
 from umsearch.sim.reference import bucket_spans, simulate
 
 COST = CostModel(example8_profile())

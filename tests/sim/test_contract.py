@@ -22,7 +22,7 @@ from tests.contract import (
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile, RuntimeCosts
-from umsearch.sim.batch import encode, evaluate, pack
+from umsearch.sim.population import encode, evaluate, pack
 from umsearch.sim.reference import simulate
 from umsearch.sim.result import AllReduceSpan, SimResult
 

@@ -1,6 +1,6 @@
 """The batch evaluator at the scale it is tuned for: long plans, many microbatches, every thread count.
 
-``test_batch.py`` holds it to the reference simulator on small plans; here the
+``test_population.py`` holds it to the reference simulator on small plans; here the
 plans have hundreds of actions, so ranks wait and resume many times, messages
 queue on links and a slot reads several producers, as in the search's
 populations (issue 37 item 4).
@@ -20,7 +20,7 @@ from tests.strategies import partitions, placements, profiles, random_orders
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan, Stage
 from umsearch.core.profile import Profile
-from umsearch.sim.batch import BatchResult, encode, evaluate, pack
+from umsearch.sim.population import BatchResult, encode, evaluate, pack
 from umsearch.sim.reference import simulate
 
 

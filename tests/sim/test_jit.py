@@ -30,7 +30,7 @@ def test_an_edit_of_an_inlined_source_drops_the_caches_of_every_compiled_module(
     assert not jit.drop_stale_caches(tmp_path) and len(_caches(tmp_path)) == 2 * len(jit.SOURCES)
     (tmp_path / "core" / "actions.py").write_text("FEEDS = {}  # a rule changed\n")
     assert jit.drop_stale_caches(tmp_path)
-    assert _caches(tmp_path) == []  # batch.py's and orders.py's too, which inline actions.py
+    assert _caches(tmp_path) == []  # population.py's and orders.py's too, which inline actions.py
 
 
 def test_the_installed_package_has_a_current_key() -> None:

@@ -15,7 +15,7 @@ from tests.strategies import partitions, plan_shapes, profiles, random_orders
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan, Stage
 from umsearch.core.profile import Profile
-from umsearch.sim.batch import encode, evaluate, pack
+from umsearch.sim.population import encode, evaluate, pack
 from umsearch.sim.reference import hand_offs, simulate
 
 

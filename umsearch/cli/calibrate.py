@@ -114,7 +114,7 @@ def calibrate_command(profile_path: str, model: str | None, model_args: tuple[st
                       out: str | None, as_json: bool, progress: str) -> None:  # fmt: skip
     """Run a few probe plans for real and fit the runtime's own costs into PROFILE.json (docs/model.md 7)."""
     from umsearch.orchestrate.calibration import calibrate, require_this_machine
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
 
     if device is not None and not replay:
         raise RuntimeExecutionError(f"--device {device} places replayed ranks; the probes of calibrate run as CPU "
@@ -155,7 +155,7 @@ def _calibrate_replay(profile: Profile, spec: ModelSpec, target: str, *, device:
         probe_plans,
         require_this_machine,
     )
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.runtime.preflight import profile_device_type
     from umsearch.runtime.replay import parse_device
 

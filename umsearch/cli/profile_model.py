@@ -17,7 +17,7 @@ from umsearch.cli.console import console, warn
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.interrupts import StopSignals
 from umsearch.cli.progress import Reporter
-from umsearch.core.fields import MAX_INT
+from umsearch.core.field_checks import MAX_INT
 from umsearch.core.links import (
     MAX_BANDWIDTH_GB_PER_S,
     MAX_LATENCY_MS,
@@ -414,7 +414,7 @@ def profile_command(model: str | None, model_args: tuple[str, ...], sizes: str |
     print_quality(prof)
     if calibrate_too:
         from umsearch.orchestrate.calibration import calibrate
-        from umsearch.runtime.factory import spec_factory
+        from umsearch.runtime.model_source import spec_factory
 
         console.print("calibrating the runtime's own costs (a few probe plans on 2 ranks)...")
         prof, report = calibrate(prof, spec_factory(spec, 0), threads=threads or 1)

@@ -65,7 +65,7 @@ def replay_command(plan_path: str, rank: int | None, all_ranks: bool, device: st
                    out: str | None, **values: Any) -> None:  # fmt: skip
     """Run one rank of PLAN.json alone (every message to it made up, every message from it dropped) and
     compare its measured busy time and memory with the prediction."""
-    from umsearch.runtime.factory import spec_factory, user_model
+    from umsearch.runtime.model_source import spec_factory, user_model
     from umsearch.runtime.replay import (
         check_rank,
         check_steps,

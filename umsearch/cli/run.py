@@ -7,7 +7,7 @@ and the command ``--print-launch`` prints, so the three cannot disagree.
 
 Neither command lets a data file choose code: a plan's (or profile's) model
 runs only when it is a zoo model, when the user names it with ``--model``, or
-with ``--trust-model-code`` (:func:`umsearch.runtime.factory.require_trusted`);
+with ``--trust-model-code`` (:func:`umsearch.runtime.model_source.require_trusted`);
 ``--print-launch`` imports and builds nothing. Every failure is one line
 (user text escaped for rich), exit code 1; SIGTERM, SIGHUP or Ctrl-C stop every
 process of the run, remove its temporary files and exit with 128 + the signal's
@@ -34,7 +34,7 @@ from umsearch.cli.console import abort as _fail
 from umsearch.cli.console import console, debug_enabled, err_console, warn, write_output
 from umsearch.cli.flags import rows, shared, take
 from umsearch.cli.progress import Reporter
-from umsearch.core.fields import MAX_INT
+from umsearch.core.field_checks import MAX_INT
 from umsearch.core.loader import LoadedPlan, load_plan_file
 from umsearch.core.options import int_at_least, option
 from umsearch.core.plan import Plan
@@ -142,10 +142,10 @@ def run_warnings(loaded: LoadedPlan, cfg: RunConfig, cpus: int | None = None) ->
 
 def check_runnable(loaded: LoadedPlan) -> None:
     """Say the gate's notes and refuse (before anything starts, without running model code) a loaded plan
-    whose model may not run (:func:`umsearch.runtime.factory.require_trusted`) or is too large to build; the
+    whose model may not run (:func:`umsearch.runtime.model_source.require_trusted`) or is too large to build; the
     gate (:func:`umsearch.core.loader.load_plan_file`) refused a plan that deadlocks or does not fit its
     profile."""
-    from umsearch.runtime.factory import check_spec_size, require_trusted
+    from umsearch.runtime.model_source import check_spec_size, require_trusted
 
     warn(*loaded.notes)
     check_spec_size(require_trusted(loaded))  # before anything is built, --print-launch included
@@ -382,7 +382,7 @@ def run_command(plan_path: str, **values: Any) -> None:
     for flag, path in (("--out", cfg.out), ("--trace", extra["trace"])):
         if path is not None and not extra["print_launch"]:
             check_writable(path, flag, [plan_path])
-    from umsearch.runtime.factory import user_model
+    from umsearch.runtime.model_source import user_model
 
     loaded = load_plan_file(plan_path, profile=choice.profile, model=user_model(choice),
                             trust_model_code=choice.trust_model_code)  # fmt: skip
@@ -400,7 +400,7 @@ def run_command(plan_path: str, **values: Any) -> None:
 
 def _run_local(plan_path: str, loaded: LoadedPlan, cfg: RunConfig, choice: ModelChoice, *, as_json: bool,
                trace: str | None, progress: str, force_memory: bool = False) -> None:  # fmt: skip
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.runtime.preflight import check_layers, count_layers
     from umsearch.runtime.run_plan import memory_report, run_document, run_plan_file
 
@@ -505,7 +505,7 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
     warned: set[str] = set()
     held_out: dict[str, float | None] = {}  # per profile: how far its predictions held on plans left out of its fit
     for path in plan_paths:
-        from umsearch.runtime.factory import user_model
+        from umsearch.runtime.model_source import user_model
 
         loaded = load_plan_file(path, profile=choice.profile, model=user_model(choice),
                                 trust_model_code=choice.trust_model_code, require_profile=True)  # fmt: skip
@@ -520,7 +520,7 @@ def validate_command(plan_paths: tuple[str, ...], **values: Any) -> None:
         peaks.append(predicted_peaks(loaded, cfg))
         factors.append(_factor_text(loaded, cfg))
         if loaded.profile is not None and str(loaded.profile_path) not in held_out:
-            from umsearch.orchestrate.trust import held_out_error, trust_line
+            from umsearch.orchestrate.held_out import held_out_error, trust_line
 
             held_out[str(loaded.profile_path)] = held_out_error(loaded.profile)
             err_console.print(trust_line(loaded.profile, str(loaded.profile_path)), soft_wrap=True, markup=False)

@@ -24,8 +24,8 @@ from umsearch.cli.report import (
     summary_line,
     write_outputs,
 )
-from umsearch.core.data import default_space
-from umsearch.core.fields import MAX_INT
+from umsearch.core.bundled import default_space
+from umsearch.core.field_checks import MAX_INT
 from umsearch.core.options import int_at_least, option
 from umsearch.core.profile import check_not_partial, load_profile
 from umsearch.search.driver import Progress as SearchProgress

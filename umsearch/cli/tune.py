@@ -68,10 +68,10 @@ def tune_command(profile_path: str, out: str | None, as_json: bool, progress: st
     """Search, run the K best plans and every torch schedule for real, refit, repeat; plan.json is the
     contender that MEASURED fastest (a torch schedule if one did, exported for torchtitan)."""
     from umsearch.errors import ModelSpecError
-    from umsearch.orchestrate.trust import trust_line
+    from umsearch.orchestrate.held_out import trust_line
     from umsearch.orchestrate.tune import stopped_by, tune_meta, tune_on_machine
     from umsearch.orchestrate.tune_output import EXPORT_FILES, FILES, fill, verdict
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
     from umsearch.storage.output_folder import OutputFolder
 
     space_values = {"profile": profile_path, **{k: values.pop(k) for k in _SPACE_KEYS if values.get(k) is not None}}

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from umsearch.core.fields import check_keys, integer, mapping, number, required
+from umsearch.core.field_checks import check_keys, integer, mapping, number, required
 from umsearch.core.profile import Link, link_from_json
 from umsearch.errors import PlanError
 

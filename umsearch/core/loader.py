@@ -21,7 +21,7 @@ from typing import Any
 
 from umsearch.core.cost import CostModel
 from umsearch.core.deps import check_deadlock
-from umsearch.core.fields import number
+from umsearch.core.field_checks import number
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan
 from umsearch.core.plan_io import PlanDocument, _parse_document, resolve_profile_path

@@ -16,7 +16,7 @@ from typing import Any
 
 from umsearch.core.actions import Action, parse_action
 from umsearch.core.cluster import bucket_mib_from_json, cluster_from_json
-from umsearch.core.fields import check_keys, integer, mapping, required
+from umsearch.core.field_checks import check_keys, integer, mapping, required
 from umsearch.core.plan import MAX_MICROBATCHES, SCHEMA, SCHEMA_V1, Plan, Stage
 from umsearch.core.plan_rules import check_size, validate_plan
 from umsearch.errors import PlanError

@@ -26,7 +26,7 @@ from umsearch.core.actions import (
     rank_order_problem,
 )
 from umsearch.core.cluster import LAYOUTS, MAX_BUCKET_MIB
-from umsearch.core.fields import integer, number
+from umsearch.core.field_checks import integer, number
 from umsearch.core.plan import MAX_ACTIONS, MAX_PLAN_STAGES, MAX_RANKS, Plan
 from umsearch.core.samples import spans
 from umsearch.errors import PlanError

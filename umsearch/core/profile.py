@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from umsearch.core.fields import MAX_BYTES, check_keys, integer, mapping, number, required, text
+from umsearch.core.field_checks import (
+    MAX_BYTES,
+    check_keys,
+    integer,
+    mapping,
+    number,
+    required,
+    text,
+)
 from umsearch.core.links import link_numbers
 from umsearch.errors import ProfileError, UmsearchError
 from umsearch.storage.jsonio import read_json, write_json

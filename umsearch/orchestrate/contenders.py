@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from umsearch.core.plan import Plan
 from umsearch.runtime.config import RunConfig
-from umsearch.runtime.factory import ModelFactory
+from umsearch.runtime.model_source import ModelFactory
 from umsearch.runtime.run_plan import StepResult, merge_step
 
 Runtime = Literal["umsearch", "torch"]
@@ -57,7 +57,7 @@ class Entry:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Measured:
+class ContenderMeasurement:
     """What the machine measured of one contender, per round."""
 
     step_ms: tuple[float, ...]
@@ -70,7 +70,7 @@ class Measured:
     not measured."""
 
 
-MeasureFn = Callable[[Sequence[Entry], int], list[Measured]]
+MeasureFn = Callable[[Sequence[Entry], int], list[ContenderMeasurement]]
 """``measure(entries, rounds)``: every entry measured ``rounds`` times, in entry order."""
 
 
@@ -96,7 +96,7 @@ class _Shared:
         """
         from torch.distributed.pipelining import PipelineStage
 
-        from umsearch.runtime.factory import stage_module
+        from umsearch.runtime.model_source import stage_module
 
         cut = (plan.num_stages, tuple((st.lo, st.hi, st.rank) for st in plan.stages))
         key = (cut, plan.stages[0].forward if torch_schedule else None)
@@ -241,7 +241,7 @@ def make_runners(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str | No
 def machine(factory: ModelFactory, cfg: RunConfig) -> MeasureFn:
     """The real measurement: one launch of :func:`measured_worker` on the plans' ranks (all entries share them)."""
 
-    def measure(entries: Sequence[Entry], rounds: int) -> list[Measured]:
+    def measure(entries: Sequence[Entry], rounds: int) -> list[ContenderMeasurement]:
         from umsearch.runtime.launch import launch
 
         ranks = {e.plan.ranks for e in entries}
@@ -256,9 +256,9 @@ def machine(factory: ModelFactory, cfg: RunConfig) -> MeasureFn:
             peaks = rank_peaks([g.peaks[i] for g in got])
             if e.runtime == "umsearch":
                 steps = tuple(merge_step([per_rank[rk][r][i] for rk in range(world)]) for r in range(rounds))
-                out.append(Measured(step_ms=tuple(s.step_ms for s in steps), steps=steps, peak_bytes=peaks))
+                out.append(ContenderMeasurement(step_ms=tuple(s.step_ms for s in steps), steps=steps, peak_bytes=peaks))
             else:
-                out.append(Measured(step_ms=tuple(max(per_rank[rk][r][i] for rk in range(world))
+                out.append(ContenderMeasurement(step_ms=tuple(max(per_rank[rk][r][i] for rk in range(world))
                                                   for r in range(rounds)), peak_bytes=peaks))  # fmt: skip
         return out
 

@@ -49,7 +49,7 @@ from umsearch.core.options import check_bounds, option
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
 from umsearch.errors import NoFeasiblePlanError, SearchSpaceError
-from umsearch.orchestrate.contenders import Entry, Measured, MeasureFn, Runtime
+from umsearch.orchestrate.contenders import ContenderMeasurement, Entry, MeasureFn, Runtime
 from umsearch.orchestrate.fit import MeasuredPlan, Scales, fit_report
 
 STOP_REPEAT = "the same contender measured fastest in two consecutive rounds"
@@ -128,7 +128,7 @@ class ContenderResult:
     """Under the profile the round searched on (None: the plan deadlocks under it)."""
     predicted_after_ms: float | None
     """Under the profile refitted after the round."""
-    measured: Measured
+    measured: ContenderMeasurement
     median_ms: float
     """Median of the measured rounds (barrier to the end of the optimizer step)."""
     ci95_ms: tuple[float, float]
@@ -259,7 +259,7 @@ def predict_ms(plan: Plan, profile: Profile, state_factor: float = 4.0) -> float
     return simulate(plan, CostModel(profile, state_factor=state_factor)).iteration_ms
 
 
-def _result(c: Candidate, before: float | None, after: float | None, m: Measured) -> ContenderResult:
+def _result(c: Candidate, before: float | None, after: float | None, m: ContenderMeasurement) -> ContenderResult:
     from umsearch.runtime.fidelity import bootstrap_median_ci
 
     return ContenderResult(candidate=c, predicted_before_ms=before, predicted_after_ms=after, measured=m,
@@ -308,7 +308,7 @@ class _Loop:
                 cands.append(Candidate(name=f"{best.schedule} via PlanSchedule", plan=best.plan, runtime="umsearch"))
         return list({c.key: self.named(c) for c in cands}.values())
 
-    def refit(self, index: int, cands: Sequence[Candidate], got: Sequence[Measured]) -> dict[str, Any] | None:
+    def refit(self, index: int, cands: Sequence[Candidate], got: Sequence[ContenderMeasurement]) -> dict[str, Any] | None:
         from umsearch.orchestrate.calibration import measured_plan
 
         for c, m in zip(cands, got, strict=True):

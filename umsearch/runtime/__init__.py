@@ -7,12 +7,12 @@ Library use (inside your own process group, one process per rank)::
     stats = ex.run_iteration(inputs, targets)  # inputs on the rank of stage 0, targets on the last's
 
 A data-parallel plan runs one process per rank of every replica
-(:mod:`umsearch.runtime.placement`: ``Placement.of(plan, dist.get_rank())`` gives its replica
+(:mod:`umsearch.runtime.placement`: ``Seat.of(plan, dist.get_rank())`` gives its replica
 and rank); it passes ``replicas=replica_worlds(plan)`` to ``RankComm.create``, gives the
 executor ``grad_sync=GradSync.create(plan, dist.get_rank())`` and its replica's
 ``plan.replica_batch`` samples of every batch.
 ``stage_modules`` holds one module per stage the rank holds, in stage order
-(:func:`umsearch.runtime.factory.stage_module` cuts them from a model). Or let
+(:func:`umsearch.runtime.model_source.stage_module` cuts them from a model). Or let
 :func:`run_plan` start the processes (torchrun, one per rank) for you.
 
 :mod:`umsearch.nn.backward` (the split backward, also used by the

@@ -197,7 +197,7 @@ class ModelChoice:
 
     A model named here is trusted (the user chose the code); a model read from
     the plan or its profile runs only if it is a zoo model or
-    :attr:`trust_model_code` is set (:func:`umsearch.runtime.factory.require_trusted`).
+    :attr:`trust_model_code` is set (:func:`umsearch.runtime.model_source.require_trusted`).
     """
 
     profile: str | None = field(default=None, metadata=option(

@@ -27,7 +27,7 @@ from umsearch.core.loader import LoadedPlan
 from umsearch.core.plan import Plan
 from umsearch.errors import PlanError
 from umsearch.runtime.config import RunConfig
-from umsearch.runtime.factory import ModelFactory
+from umsearch.runtime.model_source import ModelFactory
 from umsearch.runtime.placement import world_size
 from umsearch.runtime.run_plan import StepResult, merge_step
 
@@ -51,9 +51,9 @@ class Contender:
 
 
 def contender(name: str, loaded: LoadedPlan, seed: int) -> Contender:
-    """A contender of a plan file loaded by :func:`umsearch.runtime.factory.resolve_plan` (its model
+    """A contender of a plan file loaded by :func:`umsearch.runtime.model_source.resolve_plan` (its model
     already checked to be trusted)."""
-    from umsearch.runtime.factory import spec_factory
+    from umsearch.runtime.model_source import spec_factory
 
     return Contender(name=name, plan=loaded.plan, cost=loaded.cost(), factory=spec_factory(loaded.require_model(), seed))
 

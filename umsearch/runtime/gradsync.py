@@ -39,7 +39,7 @@ from umsearch.core.cluster import bucket_cap_bytes, bucket_firsts
 from umsearch.core.plan import Plan
 from umsearch.errors import RuntimeExecutionError
 from umsearch.runtime.comm import first_line
-from umsearch.runtime.placement import Placement, stage_copies
+from umsearch.runtime.placement import Seat, stage_copies
 
 _AFTER_THE_ACTION = -1
 """A key no parameter has: its bucket is launched by :meth:`GradSync.start`, after the action."""
@@ -141,7 +141,7 @@ class GradSync:
     ``start`` it right after, ``finish`` before the optimizer steps.
     """
 
-    def __init__(self, *, placement: Placement, group: dist.ProcessGroup | None, replicas: int) -> None:
+    def __init__(self, *, placement: Seat, group: dist.ProcessGroup | None, replicas: int) -> None:
         self.placement, self.group, self.replicas = placement, group, replicas
         self._pending: list[_Pending] = []
         self._armed: dict[int, _Armed] = {}
@@ -150,7 +150,7 @@ class GradSync:
     def create(cls, plan: Plan, world_rank: int, timeout: timedelta | None = None) -> GradSync:
         """One process group per pipeline rank's copies; every process of the default group must call
         this with the same plan, in the same place of its sequence of group creations."""
-        placement = Placement.of(plan, world_rank)
+        placement = Seat.of(plan, world_rank)
         group = None
         if plan.data_parallel > 1:
             for copies in stage_copies(plan):

@@ -35,14 +35,14 @@ def stage_copies(plan: Plan) -> tuple[tuple[int, ...], ...]:
 
 
 @dataclass(frozen=True)
-class Placement:
+class Seat:
     """Where one process sits: its replica and its pipeline rank."""
 
     replica: int
     rank: int
 
     @classmethod
-    def of(cls, plan: Plan, world_rank: int) -> Placement:
+    def of(cls, plan: Plan, world_rank: int) -> Seat:
         """The replica and rank of ``world_rank``; raises unless it is one of the plan's processes."""
         for d, ranks in enumerate(replica_worlds(plan)):
             if world_rank in ranks:

@@ -32,7 +32,7 @@ from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile, profile_precision
 from umsearch.core.units import format_bytes
 from umsearch.errors import PlanError
-from umsearch.runtime.factory import ModelFactory, ModelLike
+from umsearch.runtime.model_source import ModelFactory, ModelLike
 
 
 def check_layers(plan: Plan, num_layers: int, what: str = "the model") -> None:

@@ -61,9 +61,9 @@ from umsearch.nn.precision import Precision
 from umsearch.runtime.comm import Handle, RankComm
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import IterationStats
-from umsearch.runtime.factory import ModelFactory, ModelLike, stage_module
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.memory_tally import Tally, storage_bytes
+from umsearch.runtime.model_source import ModelFactory, ModelLike, stage_module
 from umsearch.runtime.placement import replica_worlds, world_size
 from umsearch.runtime.shapes import HEADER_LEN, SampleShape, encode, probe
 from umsearch.runtime.worker import GroupCache, RankSession

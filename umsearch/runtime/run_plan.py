@@ -24,7 +24,7 @@ from umsearch.storage.outputs import check_output_file
 if TYPE_CHECKING:
     import torch
 
-    from umsearch.runtime.factory import ModelFactory
+    from umsearch.runtime.model_source import ModelFactory
     from umsearch.runtime.worker import StageReport
 
 RUN_SCHEMA = "umsearch.run/1"

@@ -4,7 +4,7 @@
 
 Each rank loads the plan with its profile and model exactly as ``umsearch run``
 does (the gate :func:`umsearch.core.loader.load_plan_file`, then
-:func:`umsearch.runtime.factory.require_trusted`: a model that the plan or
+:func:`umsearch.runtime.model_source.require_trusted`: a model that the plan or
 profile file names runs only if it is a zoo model, named again with
 ``--model``, or allowed with ``--trust-model-code``), checks that torchrun
 started one process per rank of every replica (``R x D``), sets its torch threads (on CPU also
@@ -209,7 +209,7 @@ def _enter_launch(ns: argparse.Namespace, me: _Rank) -> None:
 def _plan_job(ns: argparse.Namespace, me: _Rank) -> tuple[Callable[..., Any], tuple[Any, ...], LaunchConfig]:
     """Target and arguments of a plan run; refuses before any peer is contacted."""
     from umsearch.core.loader import load_plan_file
-    from umsearch.runtime.factory import require_trusted, spec_factory, user_model
+    from umsearch.runtime.model_source import require_trusted, spec_factory, user_model
     from umsearch.runtime.placement import check_world
 
     run, choice = configs_from_values(vars(ns))

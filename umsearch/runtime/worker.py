@@ -26,11 +26,11 @@ from umsearch.nn.precision import Precision, apply_switches, check_autocast
 from umsearch.runtime.comm import Link, RankComm, plan_links
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import IterationStats, StageExecutor
-from umsearch.runtime.factory import ModelFactory, ModelLike, stage_module
 from umsearch.runtime.gradsync import GradSync
 from umsearch.runtime.launch import local_rank_device
 from umsearch.runtime.memory_tally import MemoryTally, Tally, optimizer_state_bytes, storage_bytes
-from umsearch.runtime.placement import Placement, check_world, replica_worlds
+from umsearch.runtime.model_source import ModelFactory, ModelLike, stage_module
+from umsearch.runtime.placement import Seat, check_world, replica_worlds
 from umsearch.runtime.preflight import rank_preflight
 from umsearch.runtime.zero1 import make_optimizer
 
@@ -106,7 +106,7 @@ class RankSession:
     def __init__(self, world_rank: int, world_size: int, plan: Plan, factory: ModelFactory,
                  cfg: RunConfig, comms: GroupCache | None = None, device: torch.device | None = None) -> None:  # fmt: skip
         check_world(plan, world_size)
-        self.placement = Placement.of(plan, world_rank)
+        self.placement = Seat.of(plan, world_rank)
         rank = self.placement.rank
         self.plan, self.rank, self.cfg = plan, rank, cfg
         device = device if device is not None else local_rank_device(cfg.launch.backend)

@@ -37,7 +37,7 @@ from umsearch.search.genome import Rules
 from umsearch.search.partition import Cuts, all_cuts, count_cuts, descend, stage_cuts
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
-from umsearch.sim.batch import ArrayPlan
+from umsearch.sim.population import ArrayPlan
 
 Stop = Callable[[], bool]
 """Asked between steps: True once the baselines' share of the time budget is spent."""

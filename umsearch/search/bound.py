@@ -33,7 +33,7 @@ backward reruns the forward on the backward list, so either way every sample
 of layer ``l`` costs at least ``F + B`` at a size ``<= nmax_l``, and the stage
 with the least ``nmax`` runs at least ``ceil(B / nmax)`` backwards, each with
 its runtime overhead. With one rank, that rank holds every layer's state. With ZeRO-1 the caller's tables carry the sharded state
-factor (:meth:`~umsearch.search.factorize.Placement.bound_tables`).
+factor (:meth:`~umsearch.search.factorize.ClusterPlacement.bound_tables`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 from umsearch.core.cluster import LAYOUTS, Cluster, replica_nodes
 from umsearch.core.cost import CostTables, device_state_factor
 from umsearch.core.profile import Link
-from umsearch.sim.batch import ArrayPlan
+from umsearch.sim.population import ArrayPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +138,7 @@ def representative_link(cluster: Cluster, f: Factorization) -> Link:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Placement:
+class ClusterPlacement:
     """One factorization on one cluster: how a search's candidates become data-parallel plans."""
 
     factorization: Factorization
@@ -148,7 +148,7 @@ class Placement:
 
     @property
     def fields(self) -> dict[str, Any]:
-        """The :class:`~umsearch.sim.batch.ArrayPlan` fields that make one replica's plan this
+        """The :class:`~umsearch.sim.population.ArrayPlan` fields that make one replica's plan this
         factorization's data-parallel plan."""
         f = self.factorization
         return {"batch": self.batch, "replicas": f.replicas, "cluster": self.cluster, "layout": f.layout,

@@ -20,7 +20,7 @@ and nothing is on its way, the earliest such forward goes ahead anyway (a
 relaxation), so generation never deadlocks. Each action starts at
 ``max(end of the rank's previous action, arrival of its inputs)`` and is
 timed with the shared kernels of :mod:`umsearch.sim.kernels`, so the times,
-busy times and memory this returns equal what :func:`umsearch.sim.batch.evaluate`
+busy times and memory this returns equal what :func:`umsearch.sim.population.evaluate`
 computes for the generated lists (tested). Memory follows docs/model.md
 section 5 whole: each stage's terms (:func:`stage_memory`) are fixed before
 generation, as its rank, recompute flag and forward list, which decide its
@@ -42,8 +42,8 @@ from umsearch.core.actions import BACKWARD_START, FEEDS, FORWARD_LIST, SPLIT, F,
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
 from umsearch.sim import kernels
-from umsearch.sim.batch import ArrayPlan, FloatArray, IntArray, offsets, stage_memory
 from umsearch.sim.jit import njit
+from umsearch.sim.population import ArrayPlan, FloatArray, IntArray, offsets, stage_memory
 
 POLICIES = {
     0: "backwards first (deepest stage first), then forwards, deepest stage first",
@@ -78,7 +78,7 @@ RANK_FLOAT_ROWS = 5
 
 @dataclass(frozen=True, kw_only=True)
 class PackedGenomes:
-    """N genomes flattened for the compiled generator (CSR like :class:`umsearch.sim.batch.PackedPlans`)."""
+    """N genomes flattened for the compiled generator (CSR like :class:`umsearch.sim.population.PackedPlans`)."""
 
     stage_ptr: IntArray
     lo: IntArray

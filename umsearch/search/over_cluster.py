@@ -30,7 +30,13 @@ from umsearch.core.cost import CostModel, CostTables
 from umsearch.core.profile import Profile
 from umsearch.errors import NoFeasiblePlanError, SearchSpaceError
 from umsearch.search.bound import lower_bound
-from umsearch.search.factorize import Factorization, Memory, Placement, Pruned, factorizations
+from umsearch.search.factorize import (
+    ClusterPlacement,
+    Factorization,
+    Memory,
+    Pruned,
+    factorizations,
+)
 from umsearch.search.genome import Rules
 from umsearch.search.pipeline_search import (
     BASELINE_SHARE,
@@ -43,7 +49,7 @@ from umsearch.search.pipeline_search import (
 )
 from umsearch.search.scoring import Scored
 from umsearch.search.space import MAX_RANKS, SearchSpace
-from umsearch.sim.batch import encode, evaluate, pack
+from umsearch.sim.population import encode, evaluate, pack
 
 SEARCHED = 3
 """Factorizations that get NSGA-II and the polish after screening (the fastest screened ones)."""
@@ -97,7 +103,7 @@ def search_cluster(space: SearchSpace, profile: Profile,
     try:
         for i, f in enumerate(keep):
             run = Run(replica_space(space, f), profile, on_progress,
-                      Placement(factorization=f, cluster=space.cluster.cluster, batch=space.global_batch),
+                      ClusterPlacement(factorization=f, cluster=space.cluster.cluster, batch=space.global_batch),
                       start=start, deadline=deadline, effort=CLUSTER_POLISH)  # fmt: skip
             base = run.baselines(time.perf_counter() + share)
             run = _widened(run, base, space, profile, on_progress, f, start, deadline)

@@ -27,7 +27,7 @@ from umsearch.core.plan import equal_split
 from umsearch.core.profile import Profile
 from umsearch.search.baselines import baselines, counts
 from umsearch.search.convergence import Convergence
-from umsearch.search.factorize import Factorization, Placement, Pruned
+from umsearch.search.factorize import ClusterPlacement, Factorization, Pruned
 from umsearch.search.genome import POLICY_COUNT, Genome, Rules, genome_of, repair
 from umsearch.search.local import ClimbConfig, Step, iterated_climb
 from umsearch.search.operators import (
@@ -221,7 +221,7 @@ class Run:
     are the factorization's share of the time budget."""
 
     def __init__(self, space: SearchSpace, profile: Profile, on_progress: Callable[[Progress], None] | None,
-                 placement: Placement | None = None, start: float | None = None,
+                 placement: ClusterPlacement | None = None, start: float | None = None,
                  deadline: float | None = None, effort: Effort | None = None) -> None:  # fmt: skip
         self.space, self.on_progress, self.placement = space, on_progress, placement
         self.effort = polish_effort(space.search.polish_stall) if effort is None else effort

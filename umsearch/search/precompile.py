@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from umsearch.core.data import default_space
+from umsearch.core.bundled import default_space
 from umsearch.core.profile import load_profile
 from umsearch.search.driver import run_search
 from umsearch.search.space import load_space

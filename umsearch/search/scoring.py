@@ -5,7 +5,7 @@ batch evaluator; genomes go through the order generator, which makes their
 action lists and times them in the same pass. Both count what they score,
 and both keep a candidate feasible only when it fits the memory limit.
 
-On a cluster (a :class:`~umsearch.search.factorize.Placement`) every candidate
+On a cluster (a :class:`~umsearch.search.factorize.ClusterPlacement`) every candidate
 is one replica's plan, made a data-parallel plan before it is scored; the
 generator times one replica on a representative link, and the evaluator then
 scores the generated plans exactly (every replica, the all-reduces included).
@@ -21,10 +21,10 @@ import numpy.typing as npt
 
 from umsearch.core.cost import CostTables
 from umsearch.core.plan import Plan
-from umsearch.search.factorize import Placement
+from umsearch.search.factorize import ClusterPlacement
 from umsearch.search.genome import Genome, Rules
 from umsearch.search.orders import Generated, generate, pack_genomes
-from umsearch.sim.batch import ArrayPlan, decode, evaluate, pack
+from umsearch.sim.population import ArrayPlan, decode, evaluate, pack
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -55,7 +55,7 @@ class Scorer:
     """Scores array plans and genomes of one space against one set of cost tables."""
 
     def __init__(self, rules: Rules, tables: CostTables, memory_limit: float,
-                 placement: Placement | None = None) -> None:  # fmt: skip
+                 placement: ClusterPlacement | None = None) -> None:  # fmt: skip
         self.rules, self.tables, self.memory_limit = rules, tables, memory_limit
         self.placement = placement
         """Where candidates run on a cluster; None: one pipeline, the profile's link."""

@@ -3,7 +3,7 @@
 (Each takes at most one array: numba passes an array as a struct of seven
 fields, and calls taking several cost more than the work they do.)
 
-The batch evaluator (:mod:`umsearch.sim.batch`) and the search's order
+The batch evaluator (:mod:`umsearch.sim.population`) and the search's order
 generator (:mod:`umsearch.search.orders`) both time actions, ship messages and
 track memory; they do it through these functions, so the rules exist once in
 compiled form (the reference simulator is their plain-Python twin, and tests
@@ -171,6 +171,6 @@ def memory_step(kind, rec, size, l_lo, l_hi, input_bytes, out_bytes, stash_prefi
     rank's activation level before the peak, and releases after it; exact for a profile without version
     2.3's per-layer fields (``stash_prefix`` is :attr:`~umsearch.core.cost.CostTables.stash_prefix`, so a
     stage's first boundary, its kept input, what ``I`` frees and hand-offs are left out: the evaluator reads
-    the whole rule from :func:`umsearch.sim.batch.stage_memory`)."""
+    the whole rule from :func:`umsearch.sim.population.stage_memory`)."""
     inp = (input_bytes if l_lo == 0 else out_bytes[l_lo - 1]) * size
     return memory_delta(kind, rec, (stash_prefix[l_hi] - stash_prefix[l_lo]) * size, inp, 0.0, 0.0)

@@ -1,6 +1,6 @@
 """The reference simulator: one plan, event by event, written straight from docs/model.md sections 4 and 5.
 
-It favours being obviously right over being fast; :mod:`umsearch.sim.batch`
+It favours being obviously right over being fast; :mod:`umsearch.sim.population`
 is the compiled twin the search uses, and tests hold the two equal on every
 plan, deadlocks included.
 

@@ -6,7 +6,7 @@ import dataclasses
 
 from tests.strategies import uniform_profile
 from umsearch.core.profile import RuntimeCosts
-from umsearch.orchestrate.trust import held_out_error, trust_line
+from umsearch.orchestrate.held_out import held_out_error, trust_line
 
 
 def test_an_uncalibrated_profile_is_said_to_be_uncalibrated() -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tests.strategies import dp_plans, plans, profiles
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
-from umsearch.sim.batch import BatchResult, decode, encode, evaluate, pack
+from umsearch.sim.population import BatchResult, decode, encode, evaluate, pack
 from umsearch.sim.reference import simulate
 from umsearch.sim.result import SimResult
 
