@@ -14,7 +14,10 @@ Workloads (synthetic simnet profile with the I/W split, B = 256, every stage
 its own random partition, half the backwards split, a looped-BFS order,
 deadlock-free): ``r8_v2`` R = 8 ranks x 2 stages, 32 layers, 8..64 microbatches
 per stage (about 1,450 actions, the workload of ``benchmarks/simulator.py``);
-``r4_v4`` R = 4 x 4 stages (interleaved), 32 layers, 12..64 microbatches (about 1,500).
+``r4_v4`` R = 4 x 4 stages (interleaved), 32 layers, 12..64 microbatches (about 1,500);
+``gpt_cpu``: the search's own plans, 96 random genomes of the bundled gpt_cpu space at R = 4,
+B = 64 (the workload of ``benchmarks/search.py``'s scoring rate) with the action lists the order
+generator gives them, the 96 plans 10 times over in each round (about 140 actions a plan).
 The old and new results are checked equal before timing. Ratios pair the two
 contenders of one round; the drift is the old contender's first against its
 last rounds. Writes ``results/bench/evaluator.json``.
@@ -23,6 +26,7 @@ last rounds. Writes ``results/bench/evaluator.json``.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -37,8 +41,10 @@ from numba import get_num_threads, prange
 
 from benchmarks.stats import environment, summary
 from umsearch.core.actions import Action
+from umsearch.core.bundled import data_dir
 from umsearch.core.cost import CostModel, CostTables
 from umsearch.core.plan import Plan, Stage
+from umsearch.core.profile import load_profile
 from umsearch.measure.synthetic import simnet_profile
 from umsearch.sim import population
 from umsearch.sim.kernels import (
@@ -110,6 +116,9 @@ def _allreduce_end(s0, S, rank, ready, ar_ms, order, free, spans):  # type: igno
 
 WORKLOADS = {"r8_v2": (8, 2, 8, 64), "r4_v4": (4, 4, 12, 64)}
 """name: (ranks, stages per rank, fewest and most microbatches per stage)."""
+SEARCH_WORKLOAD = "gpt_cpu"
+"""The search's own plans: the bundled space's random genomes, generated (:func:`search_plans`)."""
+SEARCH_RANKS, SEARCH_BATCH, SEARCH_GENOMES, SEARCH_REPEATS = 4, 64, 96, 10
 
 
 def random_plan(rng: random.Random, ranks: int, per_rank: int, m_lo: int, m_hi: int) -> Plan:
@@ -131,6 +140,26 @@ def random_plan(rng: random.Random, ranks: int, per_rank: int, m_lo: int, m_hi: 
                 acts += [Action(j, "I", k), Action(j, "W", k)] if rng.random() < 0.5 else [Action(j, "B", k)]
         actions.append(tuple(acts))
     return Plan(global_batch=B, ranks=ranks, stages=tuple(stages), actions=tuple(actions))
+
+
+def search_plans() -> tuple[list[ArrayPlan], CostTables]:
+    """The gpt_cpu space at R = 4, B = 64: 96 random genomes (seed 0) with their generated action lists,
+    repeated 10 times, and the cost tables the search scores them with."""
+    from umsearch.search.genome import Rules
+    from umsearch.search.operators import random_genome
+    from umsearch.search.partition import stage_cuts
+    from umsearch.search.scoring import Scorer
+    from umsearch.search.space import load_space
+
+    space = load_space(data_dir() / f"{SEARCH_WORKLOAD}.toml", {"ranks": SEARCH_RANKS, "global_batch": SEARCH_BATCH})
+    profile = load_profile(space.profile)
+    rules = Rules.of(space, profile)
+    tables = CostModel(profile, state_factor=space.state_factor).tables(rules.largest)
+    anchors = {v: [stage_cuts(tables, b, SEARCH_RANKS * v) for b in (1, 8, rules.largest)] for v in rules.stages_per_rank}
+    rng = random.Random(0)
+    genomes = [random_genome(rules, anchors, rng) for _ in range(SEARCH_GENOMES)]
+    gen = Scorer(rules, tables, space.memory_limit).genomes(genomes)
+    return [gen.array_plan(g, rules, c) for c, g in enumerate(genomes)] * SEARCH_REPEATS, tables
 
 
 def old_evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
@@ -248,7 +277,7 @@ def _old_one(  # type: ignore[no-untyped-def]
     n_f = fwd_ptr[s1] - f_base
     n_slots = n_f + bwd_ptr[s1] - b_base
     link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
-    population._reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem[r0:r1], busy[r0:r1])
+    _old_reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem[r0:r1], busy[r0:r1])
     top_of_stack = R
     remaining = act_ptr[r1] - act_ptr[r0]
     while top_of_stack > 0:
@@ -317,6 +346,17 @@ def _old_one(  # type: ignore[no-untyped-def]
 
 
 
+@numba.njit(cache=False)
+def _old_reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem, busy):  # type: ignore[no-untyped-def]
+    """The old loop's start of a candidate (``population._reset`` as of ca48f1c)."""
+    deliv[:n_slots] = -1.0
+    waiter[:n_slots] = -1
+    deliv[n_slots : n_slots + S] = 0.0
+    for r in range(R):
+        pos[r], clock[r], level[r], mem[r], busy[r] = 0, 0.0, 0.0, 0.0, 0.0
+        stack[r] = R - 1 - r
+
+
 Scorer = Callable[[PackedPlans, CostTables], BatchResult]
 
 
@@ -327,46 +367,57 @@ def same(a: BatchResult, b: BatchResult) -> bool:
                          "rank_end_ms", "compute_end_ms"))  # fmt: skip
 
 
-def rate(score: Scorer, arrays: list[ArrayPlan], tables: CostTables, threads: int) -> float:
-    """Plans per second of one pack + evaluate of the population on ``threads`` numba threads."""
+def rate(score: Scorer, arrays: list[ArrayPlan], tables: CostTables, threads: int) -> tuple[float, float]:
+    """Plans per second of one pack + evaluate of the population on ``threads`` numba threads: per second
+    of wall time, and per second of this process's CPU time (every thread's: on a shared machine, the
+    time the work took where the wall time also counts the others' turns)."""
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         score(pack(arrays), tables)
-        return len(arrays) / (time.perf_counter() - t)
+        return len(arrays) / (time.perf_counter() - t), len(arrays) / (time.process_time() - cpu)
     finally:
         numba.set_num_threads(before)
 
 
 def run_workload(name: str, plans: int, rounds: int) -> dict[str, Any]:
     """Rotated rounds of every contender on one workload; rates, paired ratios and drift."""
-    ranks, per_rank, m_lo, m_hi = WORKLOADS[name]
-    rng = random.Random(0)
-    population = [random_plan(rng, ranks, per_rank, m_lo, m_hi) for _ in range(plans)]
-    tables = CostModel(simnet_profile(layers=L, seed=0)).tables(B)
-    arrays = [encode(p) for p in population]
+    if name == SEARCH_WORKLOAD:
+        arrays, tables = search_plans()
+        shape: dict[str, Any] = {"ranks": SEARCH_RANKS, "global_batch": SEARCH_BATCH, "genomes": SEARCH_GENOMES,
+                                 "repeats": SEARCH_REPEATS}  # fmt: skip
+    else:
+        ranks, per_rank, m_lo, m_hi = WORKLOADS[name]
+        rng = random.Random(0)
+        tables = CostModel(simnet_profile(layers=L, seed=0)).tables(B)
+        arrays = [encode(random_plan(rng, ranks, per_rank, m_lo, m_hi)) for _ in range(plans)]
+        shape = {"ranks": ranks, "stages_per_rank": per_rank, "layers": L, "global_batch": B,
+                 "microbatches_per_stage": [m_lo, m_hi], "split_share": 0.5}  # fmt: skip
     if not same(old_evaluate(pack(arrays), tables), evaluate(pack(arrays), tables)):
         raise SystemExit(f"{name}: the new evaluator disagrees with the old one")
     threads = numba.get_num_threads()
     contenders = {f"{who}_{n}thread": (score, n) for who, score in (("old", old_evaluate), ("new", evaluate))
                   for n in sorted({1, threads})}  # fmt: skip
     rates: dict[str, list[float]] = {k: [] for k in contenders}
+    cpu_rates: dict[str, list[float]] = {k: [] for k in contenders}
     names = list(contenders)
     for i in range(rounds):
         for k in names[i % len(names) :] + names[: i % len(names)]:  # rotate who goes first
             score, n = contenders[k]
-            rates[k].append(rate(score, arrays, tables, n))
+            wall, cpu = rate(score, arrays, tables, n)
+            rates[k].append(wall)
+            cpu_rates[k].append(cpu)
     ratios = {f"new_over_old_{n}thread": summary([x / y for x, y in zip(rates[f"new_{n}thread"], rates[f"old_{n}thread"],
                                                                         strict=True)])
               for n in sorted({1, threads})}  # fmt: skip
     old1 = rates["old_1thread"]
     quarter = max(1, rounds // 4)
     return {
-        "ranks": ranks, "stages_per_rank": per_rank, "layers": L, "global_batch": B,
-        "microbatches_per_stage": [m_lo, m_hi], "split_share": 0.5, "plans_per_round": plans,
+        **shape, "plans_per_round": len(arrays), "loadavg_1m_after": os.getloadavg()[0],
         "actions_per_plan_mean": statistics.fmean(int(a.act.shape[0]) for a in arrays),
         "plans_per_s": {k_: summary(v) for k_, v in rates.items()},
+        "plans_per_cpu_s": {k_: summary(v) for k_, v in cpu_rates.items()},
         "ratios": ratios,
         "drift_old_1thread_last_over_first": statistics.median(old1[-quarter:]) / statistics.median(old1[:quarter]),
     }  # fmt: skip
@@ -380,12 +431,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     doc: dict[str, Any] = {"schema": "umsearch.bench.evaluator/1", "environment": environment(),
                            "numba_threads": numba.get_num_threads(), "old": "ca48f1c, copied into this file",
-                           "workloads": {w: run_workload(w, a.plans, a.rounds) for w in WORKLOADS},
+                           "workloads": {w: run_workload(w, a.plans, a.rounds) for w in [*WORKLOADS, SEARCH_WORKLOAD]},
                            "note": "rates per round (pack + evaluate); ratios pair contenders of one round"}  # fmt: skip
     write_json(Path(a.out), doc)
     for w, res in doc["workloads"].items():
         for k, v in res["plans_per_s"].items():
-            print(f"{w} {k:12s} {v['median']:9.0f} plans/s (95% CI {v['ci95'][0]:.0f}-{v['ci95'][1]:.0f})")
+            cpu = res["plans_per_cpu_s"][k]["median"]
+            print(f"{w} {k:12s} {v['median']:9.0f} plans/s (95% CI {v['ci95'][0]:.0f}-{v['ci95'][1]:.0f}), "
+                  f"{cpu:.0f} per CPU second")
         for k, v in res["ratios"].items():
             print(f"{w} {k:22s} {v['median']:.2f}x (95% CI {v['ci95'][0]:.2f}-{v['ci95'][1]:.2f})")
     return doc

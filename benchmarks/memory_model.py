@@ -4,7 +4,8 @@ Profiles each model on this CPU (fp32), builds plans of seven shapes on 2 to 4 r
 alone for one iteration with the tally on (:func:`umsearch.runtime.replay.replay_rank`) and writes, per
 model, plan and rank, the tallied peak of saved activations over section 5's prediction: version 2.3
 (the profile as measured) and version 2.2 (the same profile without the 2.3 fields, which is exactly
-what 2.2 predicted), and version 2.3 with each of its three fields taken out alone. Writes
+what 2.2 predicted), and version 2.3 with each of its fields taken out alone; and whether the tallied
+state is section 5's to the byte, with and without the tied weights counted once. Writes
 ``results/bench/memory_model.json``.
 
 Run: ``python -m benchmarks.memory_model`` (``--quick``: mlp and gpt on 2 ranks).
@@ -26,7 +27,7 @@ from umsearch.core.cost import CostModel
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan, Stage, equal_split, placed_plan
 from umsearch.core.plan_rules import validate_plan
-from umsearch.core.profile import Link, Profile
+from umsearch.core.profile import LayerProfile, Link, Profile
 from umsearch.core.schedules import PEER_SCHEDULES, warmup_rule
 from umsearch.storage.jsonio import write_json
 
@@ -92,12 +93,36 @@ def plans(layers: int, ranks: int) -> dict[str, Plan]:
 
 FIELDS = {"boundary_shared_bytes": 0.0, "input_saved_bytes": None, "weight_stash_bytes": None}
 """Version 2.3's per-layer memory fields, each with the value that leaves it out."""
+TERMS = (*FIELDS, "stash_fixed_bytes", "tied_weights")
+"""Every version 2.3 memory term :func:`without` can take out."""
 
 
-def without(profile: Profile, *fields: str) -> Profile:
-    """The profile with ``fields`` (default: all of :data:`FIELDS`, i.e. as version 2.2 read it) left out."""
-    drop = {k: FIELDS[k] for k in fields or FIELDS}
-    return dataclasses.replace(profile, layers=tuple(dataclasses.replace(x, **drop) for x in profile.layers))
+def spread_fixed(layer: LayerProfile, largest: int) -> LayerProfile:
+    """The layer as the profiler measured it before ``stash_fixed_bytes``: its saves at the largest size per
+    sample, the fixed part spread over the samples (in ``weight_stash_bytes`` too, which ``W`` holds)."""
+    per = layer.stash_fixed_bytes / largest
+    weight = None if layer.weight_stash_bytes is None else layer.weight_stash_bytes + per
+    return dataclasses.replace(layer, stash_bytes=layer.stash_bytes + per, weight_stash_bytes=weight,
+                               stash_fixed_bytes=0.0)  # fmt: skip
+
+
+def without(profile: Profile, *terms: str) -> Profile:
+    """The profile with ``terms`` of :data:`TERMS` (default: all, i.e. as version 2.2 read it) left out."""
+    terms = terms or TERMS
+    layers = profile.layers
+    if "stash_fixed_bytes" in terms:
+        layers = tuple(spread_fixed(x, profile.microbatch_sizes[-1]) for x in layers)
+    drop: dict[str, Any] = {k: FIELDS[k] for k in terms if k in FIELDS}
+    tied = () if "tied_weights" in terms else profile.tied_weights
+    return dataclasses.replace(profile, layers=tuple(dataclasses.replace(x, **drop) for x in layers), tied_weights=tied)
+
+
+def section5(plan: Plan, cost: CostModel) -> list[tuple[float, float]]:
+    """Per rank, docs/model.md 5's (state, peak activations): the reference simulator's peak less the state."""
+    from umsearch.sim.reference import rank_peak_memory, rank_state_bytes
+
+    states = [rank_state_bytes(plan, cost, r) for r in range(plan.ranks)]
+    return [(float(s), float(rank_peak_memory(plan, cost, r) - s)) for r, s in enumerate(states)]
 
 
 def measure(name: str, args: dict[str, Any], ranks: Sequence[int]) -> dict[str, Any]:
@@ -105,18 +130,18 @@ def measure(name: str, args: dict[str, Any], ranks: Sequence[int]) -> dict[str, 
     from umsearch.measure.profiler import ProfileConfig, profile_model
     from umsearch.nn.models import build_model
     from umsearch.runtime.model_source import spec_factory
-    from umsearch.runtime.replay import predict, replay_rank
+    from umsearch.runtime.replay import replay_rank
 
     spec = ModelSpec(source=name, args=args)
     cfg = ProfileConfig(sizes=SIZES, repeats=2, min_repeats=1, warmup_rounds=0, calibration_rounds=1)
     profile = profile_model(build_model(spec), spec, cfg, link=Link(latency_ms=0.01, bandwidth_gb_per_s=10.0))
     new, old = CostModel(profile, state_factor=2.0), CostModel(without(profile), state_factor=2.0)
-    less = {k: CostModel(without(profile, k), state_factor=2.0) for k in FIELDS}  # one 2.3 term taken out
+    less = {k: CostModel(without(profile, k), state_factor=2.0) for k in TERMS}  # one 2.3 term taken out
     rows = []
     for R in ranks:
         for shape, plan in plans(profile.num_layers, R).items():
-            p_new, p_old = predict(plan, new), predict(plan, old)
-            p_less = {k: predict(plan, c) for k, c in less.items()}
+            p_new, p_old = section5(plan, new), section5(plan, old)
+            p_less = {k: section5(plan, c) for k, c in less.items()}
             for r in range(R):
                 tally = replay_rank(plan, spec_factory(spec), r, steps=1).tally
                 got = tally.saved_peak_bytes
@@ -124,16 +149,17 @@ def measure(name: str, args: dict[str, Any], ranks: Sequence[int]) -> dict[str, 
                 rows.append({"ranks": R, "plan": shape, "rank": r, "stages": list(held),
                              "first_and_last": 0 in held and plan.num_stages - 1 in held,
                              "tallied_activation_bytes": got,
-                             "predicted_v23_bytes": p_new[r].activation_bytes,
-                             "predicted_v22_bytes": p_old[r].activation_bytes,
-                             "ratio_v23": got / p_new[r].activation_bytes,
-                             "ratio_v22": got / p_old[r].activation_bytes,
-                             "ratio_without": {k: got / p[r].activation_bytes for k, p in p_less.items()},
-                             "state_exact": tally.state_bytes == p_new[r].state_bytes})  # fmt: skip
+                             "predicted_v23_bytes": p_new[r][1], "predicted_v22_bytes": p_old[r][1],
+                             "ratio_v23": got / p_new[r][1], "ratio_v22": got / p_old[r][1],
+                             "ratio_without": {k: got / p[r][1] for k, p in p_less.items()},
+                             "tallied_state_bytes": tally.state_bytes, "predicted_state_bytes": p_new[r][0],
+                             "state_exact": tally.state_bytes == p_new[r][0],
+                             "state_exact_without_ties": tally.state_bytes == p_less["tied_weights"][r][0]})  # fmt: skip
                 print(f"{name:9s} R={R} {shape:16s} r{r}: v2.3 {rows[-1]['ratio_v23']:.4f}  "
                       f"v2.2 {rows[-1]['ratio_v22']:.4f}", flush=True)  # fmt: skip
     layers = [{k: v for k, v in x.to_json().items() if not k.endswith("_ms")} for x in profile.layers]
-    return {"model": name, "args": args, "layers": layers, "rows": rows}
+    return {"model": name, "args": args, "layers": layers,
+            "tied_weights": [t.to_json() for t in profile.tied_weights], "rows": rows}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
            "optimizer": "sgd (state factor 2)", "models": models, "seconds": time.time() - t0,
            "worst_v23": max(abs(x - 1) for x in ratios),
            "v22_within_2_percent": sum(abs(row["ratio_v22"] - 1) <= 0.02 for m in models for row in m["rows"]),
-           "within_2_percent": sum(abs(x - 1) <= 0.02 for x in ratios), "ranks_compared": len(ratios)}  # fmt: skip
+           "within_2_percent": sum(abs(x - 1) <= 0.02 for x in ratios), "ranks_compared": len(ratios),
+           "state_exact": sum(row["state_exact"] for m in models for row in m["rows"])}  # fmt: skip
     write_json(Path(a.out), out)
     print(f"{out['within_2_percent']}/{len(ratios)} ranks within 2%, worst {out['worst_v23']:.4f}; wrote {a.out}")
     return 0

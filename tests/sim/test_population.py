@@ -8,10 +8,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import dp_plans, plans, profiles
+from tests.strategies import dp_plans, partitions, plans, profiles
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
-from umsearch.sim.population import BatchResult, decode, encode, evaluate, pack
+from umsearch.core.samples import spans
+from umsearch.sim.population import BatchResult, _producers, decode, encode, evaluate, pack
 from umsearch.sim.reference import simulate
 from umsearch.sim.result import SimResult
 
@@ -93,3 +94,21 @@ def test_splitting_nothing_changes_nothing(data: st.DataObject) -> None:
     expect = f + g + (f if rec else 0.0)
     assert math.isclose(simulate(plan, cost).iteration_ms or -1, expect, rel_tol=1e-12)
     assert math.isclose(evaluate(pack([encode(plan)]), cost.tables(B)).iteration_ms[0], expect, rel_tol=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_producers_are_the_spans(data: st.DataObject) -> None:
+    """The evaluator's producer ranges (a running count per sample where microbatches are many for their
+    samples, a merge where few) are :func:`umsearch.core.samples.spans`, with the producers' samples."""
+    batch = data.draw(st.integers(1, 200))
+    sender = data.draw(partitions(batch, max_parts=data.draw(st.sampled_from([2, 8, 64]))))
+    receiver = data.draw(partitions(batch, max_parts=data.draw(st.sampled_from([2, 8, 64]))))
+    sizes = np.array([0, *sender, *receiver], dtype=np.int64)  # a slot before them: absolute slots
+    offset = np.array([0, *np.cumsum([0, *sender[:-1]]), *np.cumsum([0, *receiver[:-1]])], dtype=np.int64)
+    sb, rb = 1, 1 + len(sender)
+    first, last, samples = (np.full(sizes.shape[0], -1, dtype=np.int64) for _ in range(3))
+    _producers(sizes, offset, sb, rb, rb, sizes.shape[0], np.empty(batch, dtype=np.int64), first, last, samples)
+    for q, want in enumerate(spans(sender, receiver)):
+        assert (first[rb + q] - sb, last[rb + q] - sb) == (want[0], want[-1])
+        assert samples[rb + q] == sum(sender[m] for m in want)

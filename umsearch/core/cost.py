@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from umsearch.core.plan import Plan
-from umsearch.core.profile import QUANTITIES, Profile, RuntimeCosts
+from umsearch.core.profile import QUANTITIES, Profile, RuntimeCosts, TiedWeight
 from umsearch.errors import PlanError
 
 FloatArray = npt.NDArray[np.float64]
@@ -141,6 +141,56 @@ def stage_memory(p: _MemoryTerms, lo: npt.ArrayLike, hi: npt.ArrayLike, recomput
     return out
 
 
+class _FixedTerms(Protocol):
+    """What :func:`stash_fixed` reads of a profile."""
+
+    @property
+    def stash_fixed_prefix(self) -> FloatArray: ...
+
+
+def stash_fixed(p: _FixedTerms, lo: npt.ArrayLike, hi: npt.ArrayLike) -> FloatArray:
+    """docs/model.md 5 (version 2.3): ``c_j``, the bytes stages ``[lo, hi)`` save per microbatch whatever its
+    size (the sum of their layers' ``stash_fixed_bytes``; elementwise). A microbatch of ``n`` samples adds
+    ``stash_j * n + c_j`` where the table adds its stash, and releases the same where it releases the stash;
+    ``I`` frees none of it."""
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    out: FloatArray = p.stash_fixed_prefix[hi] - p.stash_fixed_prefix[lo]
+    return out
+
+
+class _StateTerms(Protocol):
+    """What :func:`stage_params` reads of a profile."""
+
+    @property
+    def param_prefix(self) -> FloatArray: ...
+    @property
+    def tied(self) -> tuple[TiedWeight, ...]: ...
+
+
+def stage_params(p: _StateTerms, lo: npt.ArrayLike, hi: npt.ArrayLike, rank: npt.ArrayLike,
+                 group: npt.ArrayLike) -> FloatArray:  # fmt: skip
+    """docs/model.md 5 (version 2.3), elementwise over stages ``[lo, hi)`` on ranks ``rank`` of plans
+    ``group`` (stages of one plan share a group and come in stage order): each stage's parameter bytes as
+    its rank holds them. ``P_j``, less each tied weight (``tied_weights``) that an earlier stage of the
+    same rank already holds, or that the stage's own layers hold more than once: summed over a rank's
+    stages, every tied weight counts once."""
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    out: FloatArray = p.param_prefix[hi] - p.param_prefix[lo]
+    if not p.tied:
+        return out
+    rank_a = np.broadcast_to(np.asarray(rank, dtype=np.int64), lo.shape)
+    key = np.broadcast_to(np.asarray(group, dtype=np.int64), lo.shape) * (int(np.max(rank_a, initial=0)) + 1) + rank_a
+    for tie in p.tied:
+        held = np.zeros(lo.shape, dtype=np.int64)
+        for i in tie.layers:
+            held += (lo <= i) & (i < hi)
+        holders = np.flatnonzero(held)
+        first = np.zeros(lo.shape, dtype=np.int64)
+        first[holders[np.unique(key[holders], return_index=True)[1]]] = 1  # the rank's first stage holding it
+        out = out - tie.bytes * (held - first)
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class CostTables:
     """Dense, read-only cost tables for every size ``0..b_max``: what the compiled evaluator reads."""
@@ -169,6 +219,10 @@ class CostTables:
     ``freed[i] - min(freed[i], boundary_shared_bytes[i+1])``."""
     param_prefix: FloatArray
     """(L+1,) prefix sums of parameter bytes."""
+    stash_fixed_prefix: FloatArray
+    """(L+1,) prefix sums of ``stash_fixed_bytes``: what a layer saves per microbatch whatever its size."""
+    tied: tuple[TiedWeight, ...]
+    """The profile's tied weights (:func:`stage_params`)."""
     input_bytes: float
     """Bytes of one input sample of layer 0."""
     latency_ms: float
@@ -190,6 +244,15 @@ class CostTables:
                      hand_in: npt.ArrayLike, hand_out: npt.ArrayLike) -> FloatArray:  # fmt: skip
         """:func:`stage_memory` of this profile, elementwise over stages ``[lo, hi)``: shape (stages, 4)."""
         return stage_memory(self, lo, hi, recompute, hand_in, hand_out)
+
+    def stash_fixed(self, lo: npt.ArrayLike, hi: npt.ArrayLike) -> FloatArray:
+        """:func:`stash_fixed` of this profile, elementwise over stages ``[lo, hi)``."""
+        return stash_fixed(self, lo, hi)
+
+    def stage_params(self, lo: npt.ArrayLike, hi: npt.ArrayLike, rank: npt.ArrayLike,
+                     group: npt.ArrayLike) -> FloatArray:  # fmt: skip
+        """:func:`stage_params` of this profile, elementwise over stages ``[lo, hi)``."""
+        return stage_params(self, lo, hi, rank, group)
 
     def stage_scale(self, lo: npt.ArrayLike, hi: npt.ArrayLike) -> FloatArray:
         """:func:`stage_scales` of this profile, elementwise over stages ``[lo, hi)``."""
@@ -220,6 +283,8 @@ class CostModel:
                                for x in lay], dtype=np.float64)  # fmt: skip
         self.freed_prefix = np.concatenate([[0.0], np.cumsum(self.freed - np.minimum(self.freed, self.shared[1:]))])
         self.param_prefix = np.concatenate([[0.0], np.cumsum([x.param_bytes for x in lay])])
+        self.stash_fixed_prefix = np.concatenate([[0.0], np.cumsum([x.stash_fixed_bytes for x in lay])])
+        self.tied = profile.tied_weights
         self.input_bytes = float(profile.input_bytes)
         self.latency_ms = float(profile.link.latency_ms)
         self.ms_per_byte = 1.0 / (profile.link.bandwidth_gb_per_s * 1e6)  # GB/s is 1e6 bytes per ms
@@ -270,6 +335,28 @@ class CostModel:
         row = stage_memory(self, lo, hi, recompute, hand_in, hand_out)
         return float(row[0]), float(row[1]), float(row[2]), float(row[3])
 
+    def microbatch_memory(self, lo: int, hi: int, recompute: bool, hand_in: bool, hand_out: bool,
+                          n: int) -> tuple[float, float, float, float]:  # fmt: skip
+        """The sizes docs/model.md 5's table combines for one microbatch of ``n`` samples of stage ``[lo, hi)``:
+        :meth:`stage_memory` times ``n``, the stash plus its fixed part (:func:`stash_fixed`)."""
+        stash, inp, kept, freed = self.stage_memory(lo, hi, recompute, hand_in, hand_out)
+        return stash * n + float(stash_fixed(self, lo, hi)), inp * n, kept * n, freed * n
+
+    def stash_fixed(self, lo: npt.ArrayLike, hi: npt.ArrayLike) -> FloatArray:
+        """:func:`stash_fixed` of this profile, elementwise over stages ``[lo, hi)``."""
+        return stash_fixed(self, lo, hi)
+
+    def stage_params(self, lo: npt.ArrayLike, hi: npt.ArrayLike, rank: npt.ArrayLike,
+                     group: npt.ArrayLike) -> FloatArray:  # fmt: skip
+        """:func:`stage_params` of this profile, elementwise over stages ``[lo, hi)``."""
+        return stage_params(self, lo, hi, rank, group)
+
+    def rank_param_bytes(self, stages: Sequence[tuple[int, int]]) -> float:
+        """The parameter bytes of a rank holding the layer ranges ``stages`` (``(lo, hi)`` in stage order):
+        their ``P_j``, each tied weight once (:func:`stage_params`)."""
+        lo, hi = (np.array([x[k] for x in stages], dtype=np.int64) for k in (0, 1))
+        return float(sum(stage_params(self, lo, hi, 0, 0).tolist()))  # in stage order, as 2.2 added them
+
     def param_bytes(self, lo: int, hi: int) -> float:
         """``P_j``: parameter bytes of layers ``[lo, hi)``."""
         return float(self.param_prefix[hi] - self.param_prefix[lo])
@@ -309,12 +396,12 @@ class CostModel:
                           for q in QUANTITIES])  # fmt: skip
         arrays = {"times": times, "out_bytes": self.out_bytes.copy(), "stash_prefix": self.stash_prefix.copy(),
                   "shared": self.shared.copy(), "kept": self.kept.copy(), "freed": self.freed.copy(),
-                  "freed_prefix": self.freed_prefix.copy(),
-                  "param_prefix": self.param_prefix.copy()}  # fmt: skip
+                  "freed_prefix": self.freed_prefix.copy(), "param_prefix": self.param_prefix.copy(),
+                  "stash_fixed_prefix": self.stash_fixed_prefix.copy()}  # fmt: skip
         for a in arrays.values():
             a.setflags(write=False)
         return CostTables(b_max=b_max, **arrays, input_bytes=self.input_bytes, latency_ms=self.latency_ms,
                           ms_per_byte=self.ms_per_byte, op_overhead_ms=self.op_overhead_ms,
                           message_overhead_ms=self.message_overhead_ms,
                           message_overhead_ms_per_byte=self.message_overhead_ms_per_byte,
-                          state_factor=self.state_factor, runtime=self.profile.runtime)  # fmt: skip
+                          state_factor=self.state_factor, runtime=self.profile.runtime, tied=self.tied)  # fmt: skip

@@ -182,6 +182,10 @@ class LayerProfile:
     """Bytes per sample of its saved tensors that the layer, run alone, still holds after its input-gradient
     half ``I`` (what ``W`` needs, docs/model.md 5); None (read as all of ``stash_bytes``: ``I`` frees
     nothing, as before version 2.3) where the profile does not say."""
+    stash_fixed_bytes: float = 0.0
+    """Bytes the layer saves per microbatch whatever its size (a mask, position ids, a loss's scalars), beyond
+    ``stash_bytes`` per sample; held until the stage's last backward (``I`` frees none of it, docs/model.md 5,
+    version 2.3). 0 where the profile does not say (older profiles)."""
     bwd_input_ms: tuple[float, ...] | None = None
     """Input-gradient part of the backward per size (needed by plans using ``I``/``W``)."""
     bwd_weight_ms: tuple[float, ...] | None = None
@@ -218,7 +222,23 @@ class LayerProfile:
             out["input_saved_bytes"] = self.input_saved_bytes
         if self.weight_stash_bytes is not None:
             out["weight_stash_bytes"] = self.weight_stash_bytes
+        if self.stash_fixed_bytes:
+            out["stash_fixed_bytes"] = self.stash_fixed_bytes
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class TiedWeight:
+    """One weight that several layers share (tied input and output embeddings): each of them counts it in its
+    ``param_bytes``, a rank holding several of them holds it once (docs/model.md 5, version 2.3)."""
+
+    layers: tuple[int, ...]
+    """The layers that hold it, ascending, at least two."""
+    bytes: float
+    """Its size in bytes."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "bytes": self.bytes}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +261,9 @@ class Profile:
     """Link between any two ranks."""
     runtime: RuntimeCosts = field(default_factory=RuntimeCosts)
     """The runtime's fixed costs per action and per message."""
+    tied_weights: tuple[TiedWeight, ...] = ()
+    """Weights shared by several layers (version 2.3); empty where the profile does not say (older profiles:
+    every layer's parameters counted on its own)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     """Measurement records beyond the contract (:data:`EXTRA_KEYS`); kept on save."""
 
@@ -263,6 +286,8 @@ class Profile:
         rt = self.runtime
         if rt != RuntimeCosts() or rt.calibration is not None:
             out["runtime"] = rt.to_json()
+        if self.tied_weights:
+            out["tied_weights"] = [t.to_json() for t in self.tied_weights]
         for key, value in self.extra.items():
             out.setdefault(key, value)
         return out
@@ -298,7 +323,7 @@ def _times(raw: Any, where: str, n: int) -> tuple[float, ...]:
 
 
 _LAYER_KEYS = frozenset({"name", "out_bytes", "stash_bytes", "param_bytes", "boundary_shared_bytes",
-                         "input_saved_bytes", "weight_stash_bytes"}
+                         "input_saved_bytes", "weight_stash_bytes", "stash_fixed_bytes"}
                         | {f"{q}_{s}" for q in QUANTITIES for s in ("ms", "iqr_ms", "raw_ms")})  # fmt: skip
 
 
@@ -327,11 +352,12 @@ def _layer(raw: Any, i: int, n: int) -> LayerProfile:
                                "profile or measure it again")  # fmt: skip
     if i == 0 and optional.get("boundary_shared_bytes"):
         raise ProfileError(f"profile {where}boundary_shared_bytes must be 0 for the first layer (no layer before it)")
+    fixed = number(obj.get("stash_fixed_bytes", 0.0), f"{where}stash_fixed_bytes", ProfileError, limit=MAX_BYTES)
     return LayerProfile(
         name=text(get("name"), f"{where}name", ProfileError),
         fwd_ms=_times(get("fwd_ms"), f"{where}fwd_ms", n),
         bwd_ms=_times(get("bwd_ms"), f"{where}bwd_ms", n),
-        bwd_input_ms=split_in, bwd_weight_ms=split_w, **byte, **optional,
+        bwd_input_ms=split_in, bwd_weight_ms=split_w, **byte, **optional, stash_fixed_bytes=fixed,
         spread_ms={q: v for q in QUANTITIES if (v := series(f"{q}_iqr_ms")) is not None},
         raw_ms={q: v for q in QUANTITIES if (v := series(f"{q}_raw_ms")) is not None},
     )  # fmt: skip
@@ -400,8 +426,39 @@ def _runtime(raw: Any, num_layers: int) -> RuntimeCosts:
     )  # fmt: skip
 
 
+def _tied_weights(raw: Any, layers: tuple[LayerProfile, ...]) -> tuple[TiedWeight, ...]:
+    """The ``tied_weights`` field: objects ``{layers, bytes}``, each naming two or more distinct layers, its
+    bytes within the ``param_bytes`` of every layer it names (all ties of a layer together too)."""
+    if not isinstance(raw, list):
+        raise ProfileError(f"profile field tied_weights must be a list of {{layers, bytes}}, got {raw!r}")
+    L = len(layers)
+    out: list[TiedWeight] = []
+    held = [0.0] * L
+    for k, item in enumerate(raw):
+        where = f"tied_weights[{k}]"
+        obj = mapping(item, where, ProfileError)
+        check_keys(obj, {"layers", "bytes"}, f"{where}.", ProfileError)
+        names = required(obj, "layers", f"{where}.", ProfileError, _SEE)
+        if not isinstance(names, list):
+            raise ProfileError(f"profile field {where}.layers must be a list of layer indexes, got {names!r}")
+        idx = tuple(sorted(integer(v, f"{where}.layers[{i}]", ProfileError, hi=L - 1) for i, v in enumerate(names)))
+        if len(set(idx)) != len(idx) or len(idx) < 2:
+            raise ProfileError(f"profile field {where}.layers must list two or more distinct layers, got {names!r}; "
+                               "a weight held by one layer is not tied: leave it out")  # fmt: skip
+        size = number(required(obj, "bytes", f"{where}.", ProfileError, _SEE), f"{where}.bytes", ProfileError,
+                      limit=MAX_BYTES)  # fmt: skip
+        for i in idx:
+            held[i] += size
+            if held[i] > layers[i].param_bytes:
+                raise ProfileError(f"profile field {where}.bytes = {size:g} makes layer {i}'s tied weights "
+                                   f"{held[i]:g} bytes, more than its param_bytes {layers[i].param_bytes:g}: a layer "
+                                   "counts a tied weight in its own parameters; fix the profile or measure it again")  # fmt: skip
+        out.append(TiedWeight(layers=idx, bytes=size))
+    return tuple(out)
+
+
 _CONTRACT_KEYS = frozenset({"schema", "model", "device", "dtype", "microbatch_sizes", "input_bytes", "layers",
-                            "link", "runtime"})  # fmt: skip
+                            "link", "runtime", "tied_weights"})  # fmt: skip
 
 
 def profile_from_json(obj: Any) -> Profile:
@@ -424,15 +481,17 @@ def profile_from_json(obj: Any) -> Profile:
     if not isinstance(layers_raw, list) or not layers_raw:
         raise ProfileError(f"profile field 'layers' must be a non-empty list, got {layers_raw!r}")
     link = link_from_json(get("link"), "link", ProfileError, _SEE)
+    layers = tuple(_layer(raw, i, len(sizes)) for i, raw in enumerate(layers_raw))
     return Profile(
         model=text(get("model"), "model", ProfileError),
         device=text(get("device"), "device", ProfileError),
         dtype=text(get("dtype"), "dtype", ProfileError),
         microbatch_sizes=sizes,
         input_bytes=number(get("input_bytes"), "input_bytes", ProfileError, limit=MAX_BYTES),
-        layers=tuple(_layer(raw, i, len(sizes)) for i, raw in enumerate(layers_raw)),
+        layers=layers,
         link=link,
         runtime=_runtime(obj["runtime"], len(layers_raw)) if "runtime" in obj else RuntimeCosts(),
+        tied_weights=_tied_weights(obj["tied_weights"], layers) if "tied_weights" in obj else (),
         extra={k: v for k, v in obj.items() if k in EXTRA_KEYS and not (k == "partial" and _partial(v) is None)},
     )
 

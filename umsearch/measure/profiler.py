@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from umsearch.core.profile import LayerProfile, Link, Profile
+from umsearch.core.profile import LayerProfile, Link, Profile, TiedWeight
 from umsearch.errors import ProfilingError
 from umsearch.measure.burst import QUANTITIES, Unit, burst, burst_window, leaf
 from umsearch.measure.curves import Curve, fit_curve, iqr, median
@@ -76,6 +76,7 @@ from umsearch.measure.quality import Thresholds, assess
 from umsearch.measure.rounds import Cell, calibration_rounds, cover_windows, windows_holding
 from umsearch.measure.stash import (
     Saved,
+    fixed_and_per_sample,
     input_saved_bytes,
     saved_storages,
     shared_bytes,
@@ -85,6 +86,7 @@ from umsearch.measure.stash import (
 from umsearch.measure.stopping import DEFAULT_PRECISION, MIN_ROUNDS, converged
 from umsearch.nn.models import BuiltModel, ModelSpec
 from umsearch.nn.precision import Precision, apply_switches
+from umsearch.nn.tied import tied_layers
 
 Step = Callable[[str], None]
 """Progress callback: called once per step with a description of the step just done."""
@@ -182,7 +184,7 @@ class Chain:
     out_bytes: tuple[float, ...]
     """Per layer, output bytes per sample (at the largest size)."""
     stash_bytes: tuple[float, ...]
-    """Per layer, saved bytes per sample (at the largest size)."""
+    """Per layer, saved bytes per sample (at the largest size): what the memory plan of the bursts reads."""
     signatures: tuple[Signature, ...]
     """Per layer, everything that must match for two layers to be pooled."""
     input_bytes: float
@@ -194,7 +196,13 @@ class Chain:
     input_saved_bytes: tuple[float, ...] = ()
     """Per layer, bytes per sample of its own input that it saves."""
     weight_stash_bytes: tuple[float, ...] = ()
-    """Per layer, bytes per sample of what it saves that its graph still holds after ``I`` (what ``W`` needs)."""
+    """Per layer, bytes per sample of what it saves that its graph still holds after ``I`` (what ``W`` needs),
+    beyond :attr:`stash_fixed_bytes` (which ``W`` holds too), at most :attr:`stash_sample_bytes`."""
+    stash_fixed_bytes: tuple[float, ...] = ()
+    """Per layer, bytes saved per microbatch whatever its size: the fixed part of the line through the two
+    largest sizes' saved bytes (:func:`~umsearch.measure.stash.fixed_and_per_sample`)."""
+    stash_sample_bytes: tuple[float, ...] = ()
+    """Per layer, the per-sample part of that line: the profile's ``stash_bytes``."""
     stopped: str | None = None
     """Why the sizes end before the requested ones do (memory), None when all ran."""
 
@@ -307,6 +315,10 @@ def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tic
         role = ["only"]
     sigs = tuple((role[i], module_signature(built.layers[i]), tuple(rows[i][2] for rows in per_size)) for i in range(L))
     first = built.make_batch(1, torch.Generator().manual_seed(0))[0]
+    # Rows hold bytes per sample; times the size they are the integer bytes saved again.
+    fits = [fixed_and_per_sample(done, [round(rows[i][1] * b) for b, rows in zip(done, per_size, strict=True)])
+            for i in range(L)]  # fmt: skip
+    top = done[-1]
     return Chain(sizes=done, inputs=inputs, targets=targets,
                  out_bytes=tuple(per_size[-1][i][0] for i in range(L)),
                  stash_bytes=tuple(per_size[-1][i][1] for i in range(L)),
@@ -314,7 +326,10 @@ def run_chain(built: BuiltModel, sizes: Sequence[int], device: torch.device, tic
                  in_bytes=tuple(per_size[-1][i][3] for i in range(L)),
                  boundary_shared_bytes=tuple(per_size[-1][i][4] for i in range(L)),
                  input_saved_bytes=tuple(per_size[-1][i][5] for i in range(L)),
-                 weight_stash_bytes=tuple(per_size[-1][i][6] for i in range(L)), stopped=stopped)  # fmt: skip
+                 weight_stash_bytes=tuple(min(max(per_size[-1][i][6] - fits[i][0] / top, 0.0), fits[i][1])
+                                          for i in range(L)),
+                 stash_fixed_bytes=tuple(f for f, _ in fits), stash_sample_bytes=tuple(s for _, s in fits),
+                 stopped=stopped)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- rounds
@@ -560,11 +575,13 @@ def _layer(built: BuiltModel, chain: Chain, i: int, curves: dict[str, Curve]) ->
     def fitted(q: str) -> tuple[float, ...] | None:
         return curves[q].fitted if q in curves else None
 
+    stash = chain.stash_sample_bytes[i]  # per sample beyond the fixed part, which no other field shares
     return LayerProfile(
         name=built.names[i], fwd_ms=curves["fwd"].fitted, bwd_ms=curves["bwd"].fitted,
         bwd_input_ms=fitted("bwd_input"), bwd_weight_ms=fitted("bwd_weight"),
-        out_bytes=chain.out_bytes[i], stash_bytes=chain.stash_bytes[i],
-        boundary_shared_bytes=chain.boundary_shared_bytes[i], input_saved_bytes=chain.input_saved_bytes[i],
+        out_bytes=chain.out_bytes[i], stash_bytes=stash, stash_fixed_bytes=chain.stash_fixed_bytes[i],
+        boundary_shared_bytes=min(chain.boundary_shared_bytes[i], stash),
+        input_saved_bytes=min(chain.input_saved_bytes[i], stash),
         weight_stash_bytes=chain.weight_stash_bytes[i] if chain.weight_stash_bytes else None,
         param_bytes=float(sum(tensor_bytes(p) for p in built.layers[i].parameters())),
         spread_ms={q: c.spread for q, c in curves.items()}, raw_ms={q: c.raw for q, c in curves.items()},
@@ -616,6 +633,18 @@ def cpu_share_of(measured: Measured, device: torch.device) -> float | None:
     if device.type != "cpu" or torch.get_num_threads() != 1 or not measured.cpu_share:
         return None
     return float(statistics.median(measured.cpu_share))
+
+
+def tied_weights(built: BuiltModel) -> tuple[TiedWeight, ...]:
+    """The weights the model builder marked as shared by several layers (:func:`~umsearch.nn.tied.mark_tied`),
+    each once, in the order the layers hold them: every holder counts it in its ``param_bytes``."""
+    found: dict[int, TiedWeight] = {}
+    for m in built.layers:
+        for p in m.parameters():
+            layers = tied_layers(p)
+            if len(layers) > 1 and id(p) not in found:
+                found[id(p)] = TiedWeight(layers=layers, bytes=float(tensor_bytes(p)))
+    return tuple(found.values())
 
 
 def _param_bytes(built: BuiltModel, layers: Sequence[int]) -> float:
@@ -774,7 +803,7 @@ def profile_model(
         extra_json["partial"] = partial_record(measured, config, per_cell)
     prof = Profile(model=f"{spec.source} {spec.args}", device=device_name(config.device),
                    dtype=config.precision.dtype_text, microbatch_sizes=measured.sizes, input_bytes=chain.input_bytes,
-                   layers=layers, link=link, extra=extra_json)  # fmt: skip
+                   layers=layers, link=link, tied_weights=tied_weights(built), extra=extra_json)  # fmt: skip
     if measured.interrupted is not None:
         raise ProfileInterrupted(prof, measured.interrupted)
     return prof

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -101,3 +101,13 @@ def weight_saved_bytes(
     total = held.total()
     del work, held
     return total
+
+
+def fixed_and_per_sample(sizes: Sequence[int], saved: Sequence[float]) -> tuple[float, float]:
+    """Bytes a forward saved at ``sizes`` (ascending, at least two) as ``fixed + per_sample * b``: the line
+    through the two largest sizes (as docs/model.md 1 extends times), its fixed part (a mask, position ids, a
+    loss's scalars: saved per microbatch whatever its size) within ``[0, saved[-1]]``. Returns ``(fixed,
+    per_sample)``; the line gives exactly what the largest size saved."""
+    (m1, s1), (m2, s2) = (sizes[-2], saved[-2]), (sizes[-1], saved[-1])
+    fixed = min(max((s1 * m2 - s2 * m1) / (m2 - m1), 0.0), s2)  # the intercept, one rounding: 0 stays 0
+    return fixed, (s2 - fixed) / m2

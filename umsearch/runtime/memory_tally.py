@@ -22,7 +22,7 @@ counter at all, so :class:`MemoryTally` counts the model's terms themselves:
   activations), as the profiler leaves them out of ``stash_bytes``
   (:func:`umsearch.measure.stash.saved_bytes`); what autocast saves (the
   low-precision copies of weights) counts, as there.
-- **parameters**, each storage once;
+- **parameters**, each storage once (a weight tied between two stages of the rank, once);
 - **gradients**, counted from when each first appears
   (``register_post_accumulate_grad_hook``); gradients present when the tally
   starts count from the start;
@@ -132,7 +132,8 @@ class Tally:
 
     @property
     def state_bytes(self) -> int:
-        """Parameters, gradients and optimizer states: the measured counterpart of ``state_factor * P``."""
+        """Parameters, gradients and optimizer states: the measured counterpart of docs/model.md 5's
+        ``state_factor * (P - T)`` (a weight tied between stages of the rank counts once here, as there)."""
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
 
     def to_json(self) -> dict[str, int]:

@@ -330,7 +330,7 @@ def _setup(s0, S, R, r0, lo, hi, rank, recompute, stage_mem, param_prefix, state
             if rank[s0 + g] == r:
                 local[n_loc] = g
                 n_loc += 1
-                state += state_factor * (param_prefix[hi[s0 + g]] - param_prefix[lo[s0 + g]])
+                state += state_factor * stage_mem[s0 + g, 5]  # its parameters, a tied weight once per rank
         rint[WRITTEN, r], rint[PENDING_W, r], rint[WAITING, r] = 0, 0, 0
         rflt[DECIDE_AT, r], rflt[LAST_END, r], rflt[LEVEL, r], rflt[WAITED_AT, r] = 0.0, 0.0, 0.0, 0.0
         rflt[BUDGET, r] = memory_limit - state
@@ -415,9 +415,10 @@ def _generate_one(  # type: ignore[no-untyped-def]
             dst = rank[to]
             if rint[WAITING, dst]:  # wake a waiting consumer, no earlier than its own last end
                 rflt[DECIDE_AT, dst] = min(rflt[DECIDE_AT, dst], max(arrival, rflt[LAST_END, dst]))
-        # Memory (docs/model.md 5): the stage's terms per sample, times the microbatch's size.
-        add, rel = kernels.memory_delta(kind, recompute[gg], stage_mem[gg, 0] * size, stage_mem[gg, 1] * size,
-                                        stage_mem[gg, 2] * size, stage_mem[gg, 3] * size)  # fmt: skip
+        # Memory (docs/model.md 5): the stage's terms per sample, times the microbatch's size (the stash plus its
+        # fixed part).
+        add, rel = kernels.memory_delta(kind, recompute[gg], stage_mem[gg, 0] * size + stage_mem[gg, 4],
+                                        stage_mem[gg, 1] * size, stage_mem[gg, 2] * size, stage_mem[gg, 3] * size)  # fmt: skip
         rflt[LEVEL, r] += add
         mem[r0 + r] = max(mem[r0 + r], rflt[LEVEL, r])
         rflt[LEVEL, r] -= rel
@@ -431,7 +432,7 @@ def _generate_one(  # type: ignore[no-untyped-def]
     for r in range(R):
         for i in range(rint[LOCAL, r], rint[LOCAL, r + 1]):
             g = local[i]
-            mem[r0 + r] += state_factor * (param_prefix[hi[s0 + g]] - param_prefix[lo[s0 + g]])
+            mem[r0 + r] += state_factor * stage_mem[s0 + g, 5]
     return True
 
 

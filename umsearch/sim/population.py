@@ -13,8 +13,13 @@ is compiled with numba (nopython, cached on disk). The timing and memory
 rules are those of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``,
 ``ready_at``) spelled out inline in the per-action loop, as calls passing
 arrays cost their reference counts on every action; the action rules of
-:mod:`umsearch.core.actions` are called as compiled there. Memory reads each
-stage's docs/model.md 5 terms, computed once per call (:func:`stage_memory`).
+:mod:`umsearch.core.actions` are called as compiled, once per candidate for
+each stage and kind (:func:`_prepare`), into small tables of slots and 0/1
+factors, so the loop takes no branch on an action's kind (a mispredicted
+branch costs more than the arithmetic it skips) and indexes arrays with
+unsigned integers (numba adds no negative-index fix-up for those). Memory
+reads each stage's docs/model.md 5 terms, computed once per call
+(:func:`stage_memory`).
 
 Candidates travel as :class:`ArrayPlan`: a few flat numpy arrays per plan,
 no Python object per action, so packing a population is a handful of
@@ -43,7 +48,7 @@ import numpy.typing as npt
 from numba import get_num_threads, prange
 
 from umsearch.core import cluster as cl
-from umsearch.core.actions import MAX_STAGES, Action, F
+from umsearch.core.actions import MAX_STAGES, Action, B, F
 from umsearch.core.cluster import (
     DEFAULT_BUCKET_MIB,
     DEFAULT_LAYOUT,
@@ -65,7 +70,6 @@ from umsearch.sim.kernels import (
     device_state_factor,
     ends_backward,
     hands_on,
-    link_producers,
     memory_delta,
     on_forward_list,
     received_boundary,
@@ -341,10 +345,11 @@ def evaluate(packed: PackedPlans, tables: CostTables) -> BatchResult:
     spans = np.full((packed.lo.shape[0], 3), np.nan)
     t = tables
     ar_latency, ar_per_byte = allreduce_links(packed, tables)
+    times = np.ascontiguousarray(t.times)
     _evaluate_all(
         packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, t.stage_scale(packed.lo, packed.hi),
         packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.act, packed.act_ptr,
-        t.times, t.out_bytes, stage_memory(packed, tables), t.param_prefix, t.input_bytes,
+        times, times.reshape(-1), t.out_bytes, stage_memory(packed, tables), t.param_prefix,
         t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms, t.message_overhead_ms_per_byte,
         t.state_factor, packed.replicas, packed.zero1, packed.links, packed.run_ptr, packed.node_ptr,
         packed.run_node, ar_latency, ar_per_byte, packed.bucket_bytes,
@@ -386,12 +391,17 @@ class StagesOfCandidates(Protocol):
 
 
 def stage_memory(packed: StagesOfCandidates, tables: CostTables) -> FloatArray:
-    """(stages, 4) every stage's docs/model.md 5 terms per sample (:func:`umsearch.core.cost.stage_memory`),
-    with its hand-offs on the same rank (:func:`umsearch.sim.reference.hand_offs`, here by candidate): they
-    depend on ranks, recompute flags and forward lists alone, never on the order of the actions."""
+    """(stages, 6) every stage's docs/model.md 5 terms: the four per sample (:func:`umsearch.core.cost.stage_memory`),
+    with its hand-offs on the same rank (:func:`umsearch.sim.reference.hand_offs`, here by candidate), then
+    the stash it saves per microbatch whatever its size (:func:`umsearch.core.cost.stash_fixed`) and its
+    parameter bytes as its rank holds them (:func:`umsearch.core.cost.stage_params`, tied weights once).
+    They depend on ranks, recompute flags and forward lists alone, never on the order of the actions."""
     hand_out = _hand_offs(packed.stage_ptr, packed.rank, packed.recompute, packed.fwd, packed.fwd_ptr)
     hand_in = np.concatenate([[False], hand_out[:-1]])  # a candidate's last stage hands nothing on
-    return tables.stage_memory(packed.lo, packed.hi, packed.recompute, hand_in, hand_out)
+    group = np.repeat(np.arange(packed.stage_ptr.shape[0] - 1), np.diff(packed.stage_ptr))
+    return np.column_stack([tables.stage_memory(packed.lo, packed.hi, packed.recompute, hand_in, hand_out),
+                            tables.stash_fixed(packed.lo, packed.hi),
+                            tables.stage_params(packed.lo, packed.hi, packed.rank, group)])  # fmt: skip
 
 
 @njit(cache=True)
@@ -413,28 +423,43 @@ def _hand_offs(stage_ptr, rank, recompute, fwd, fwd_ptr):  # type: ignore[no-unt
 @njit(cache=True, parallel=True)
 def _evaluate_all(  # type: ignore[no-untyped-def]
     stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
-    times, out_bytes, stage_mem, param_prefix, input_bytes,
+    times, flat_times, out_bytes, stage_mem, param_prefix,
     latency, ms_per_byte, op_oh, msg_oh, msg_per_byte, state_factor,
     replicas, zero1, links, run_ptr, node_ptr, run_node, ar_latency, ar_per_byte, bucket_bytes,
     it, dead, top, comp, ar_end, spans, mem, busy, ends, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
     max_s = max_r = max_g = max_l = 1  # scratch sizes: the largest candidate's
+    max_b = 1  # and the most samples of a list (a valid plan's lists all hold its batch)
+    for g in range(fwd_ptr.shape[0] - 1):
+        f_batch = b_batch = 0
+        for q in range(fwd_ptr[g], fwd_ptr[g + 1]):
+            f_batch += fwd[q]
+        for q in range(bwd_ptr[g], bwd_ptr[g + 1]):
+            b_batch += bwd[q]
+        max_b = max(max_b, f_batch, b_batch)
     for c in range(n):
         s0, s1 = stage_ptr[c], stage_ptr[c + 1]
         max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
         max_g = max(max_g, s1 - s0)
         max_l = max(max_l, hi[s1 - 1] - lo[s0])
-        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + 2 * (s1 - s0))
+        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + 2 * (s1 - s0) + 2)
     # Candidates are independent: blocks of them run on numba's threads, each with its own
     # scratch, and every result lands in the candidate's own slots (deterministic).
     for blk in prange(blocks):
-        dep_lo = np.empty(max_s, np.int64)  # per forward, then per backward: producer range
-        dep_hi = np.empty(max_s, np.int64)
-        # Delivery of each forward's output / each B/I's gradient (-1: not yet), then per stage its last B/W
-        # end, then that action's duration.
+        # Per slot (forwards, then backwards): its size, the absolute range of the producer slots it
+        # reads and their samples; its delivery (-1: not yet; then per stage its last B/W end and that
+        # action's duration) and the rank waiting for it (-1: none).
+        slot_size = np.empty(max_s, np.int64)
+        first = np.empty(max_s, np.int64)
+        last = np.empty(max_s, np.int64)
+        samples = np.empty(max_s, np.int64)
+        offset = np.empty(max_s, np.int64)
+        owner = np.empty(max_b, np.int64)
         deliv = np.empty(max_s)
-        waiter = np.empty(max_s, np.int64)  # the rank waiting for that delivery (-1: none)
+        waiter = np.empty(max_s, np.int64)
+        row_int = np.empty((4 * max_g, _INT_COLS), np.int64)  # per (stage, kind): see _prepare
+        row_float = np.empty((4 * max_g, _FLOAT_COLS))
         link = np.empty((max_r, max_r, 3))  # link[src, dst]: arrival of its last message, latency, ms/byte
         pos = np.empty(max_r, np.int64)
         clock = np.empty(max_r)
@@ -453,40 +478,46 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
             n_slots = fwd_ptr[s0 + S] - fwd_ptr[s0] + bwd_ptr[s0 + S] - bwd_ptr[s0]
             D = replicas[c]
             factor = device_state_factor(state_factor, D, zero1[c])
+            _prepare(s0, S, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, times.shape[1],
+                     times.shape[2], out_bytes, stage_mem, slot_size, offset, owner, first, last, samples, row_int, row_float)
             last_end[:R] = 0.0
             ready[:S] = 0.0
             for u in range(run_ptr[c], run_ptr[c + 1]):
                 _set_links(link, R, run_node, node_ptr[u], node_ptr[u + 1], links, c, latency, ms_per_byte)
-                dead[c] = _one(c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr,
-                               act, act_ptr, times, out_bytes, stage_mem, param_prefix, input_bytes,
-                               op_oh, msg_oh, msg_per_byte, factor,
-                               dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy,
-                               ends)  # fmt: skip
+                dead[c] = _one(S, R, r0, n_slots, act, act_ptr, flat_times, times.shape[2], op_oh, msg_oh,
+                               msg_per_byte, slot_size, first, last, samples, row_int, row_float, deliv, waiter,
+                               link, pos, clock, level, stack, mem, busy)  # fmt: skip
                 if dead[c]:  # links change times, never what waits for what
                     break
                 for r in range(R):
-                    last_end[r] = max(last_end[r], ends[r0 + r])
+                    ends[r0 + r] = clock[r]
+                    last_end[r] = max(last_end[r], clock[r])
                 for j in range(S):
                     ready[j] = max(ready[j], deliv[n_slots + j])
                     took[j] = deliv[n_slots + S + j]
+            if dead[c]:
+                for r in range(R):
+                    ends[r0 + r] = clock[r]
+            for g in range(s0, s0 + S):
+                mem[r0 + rank[g]] += factor * stage_mem[g, 5]  # its parameters, a tied weight once per rank
             peak = 0.0
             for r in range(R):
                 peak = max(peak, mem[r0 + r])
             if dead[c]:
                 it[c] = top[c] = comp[c] = ar_end[c] = np.inf
                 continue
-            last = 0.0
+            last_t = 0.0
             for r in range(R):
                 ends[r0 + r] = last_end[r]
-                last = max(last, last_end[r])
+                last_t = max(last_t, last_end[r])
             done = 0.0
             if D > 1:
                 _last_backwards(s0, S, r0, R, bwd, bwd_ptr, act, act_ptr, last_kind, last_size)
                 done = _bucket_end(s0, S, lo, hi, rank, times, param_prefix, bucket_bytes[c], D, ar_latency,
                                    ar_per_byte, ready, took, last_kind, last_size, b_scratch, b_int, clock,
                                    spans)  # fmt: skip
-            comp[c], ar_end[c] = last, done
-            it[c] = max(last, done)
+            comp[c], ar_end[c] = last_t, done
+            it[c] = max(last_t, done)
             top[c] = peak
 
 
@@ -559,40 +590,183 @@ def _bucket_end(  # type: ignore[no-untyped-def]
     return last
 
 
+# A candidate's per-(stage, kind) tables, row ``4 * stage + kind`` (filled by :func:`_prepare`): what the
+# action rules of :mod:`umsearch.core.actions` say of that kind on that stage, as indices and factors
+# the per-action loop uses without a branch. Integer columns:
+_SLOT = 0  # first slot of the stage's list the kind indexes
+_READ_AT, _READ_STEP = 1, 2  # microbatch k reads the producers of slot READ_AT + k * READ_STEP (the idle slot: none)
+_SEND_AT, _SEND_STEP = 3, 4  # and delivers to slot SEND_AT + k * SEND_STEP (the spare slot: nothing to deliver)
+_END_AT, _TOOK_AT = 5, 6  # where it writes its end and duration (the stage's last B/W; the spare slot: nowhere)
+_DST = 7  # the rank its message goes to (its own: no message, a link that costs nothing)
+_T_HI, _T_LO, _F_HI, _F_LO = 8, 9, 10, 11  # its own and the forward's layer times in the flattened times
+_INT_COLS = 12
+# Float columns: 0/1 factors (exact: every term they scale is finite), bytes per sample, scale.
+_CROSS, _SENDS, _RERUN, _SEND_BYTES, _RECV_BYTES, _SCALE = 0, 1, 2, 3, 4, 5
+# docs/model.md 5: per sample, each of the stage's four terms as the kind adds it before the peak (ADD..ADD+3)
+# and releases it after (REL..REL+3), and the stash's fixed part likewise (ADD_FIXED, REL_FIXED).
+_ADD, _REL, _ADD_FIXED, _REL_FIXED = 6, 10, 14, 15
+_FLOAT_COLS = 16
+_u = np.uint64  # an index known not to be negative: no wraparound code
+
+
+@njit(cache=True)
+def _producers(sizes, offset, sb, se, rb, re, owner, first, last, samples):  # type: ignore[no-untyped-def]
+    """For each receiver slot q of ``rb..re-1``, the first and last sender slot of ``sb..se-1`` holding
+    its samples (as :func:`umsearch.core.samples.spans`) and their samples in all. ``sizes`` and
+    ``offset`` (its first sample in its list) per slot; ``owner`` is scratch for one list's samples.
+
+    Many microbatches for their samples: without a branch per slot, each sample's sender a running
+    count of the senders that ended before it (a mispredicted branch per slot costs more). Few: one
+    linear merge."""
+    total = offset[_u(se - 1)] + sizes[_u(se - 1)]
+    if total > 4 * (se - sb + re - rb):
+        _merge(sizes, sb, se, rb, re, first, last)
+    else:
+        for x in range(total):
+            owner[_u(x)] = 0
+        for m in range(sb + 1, se):
+            owner[_u(offset[_u(m)])] += 1
+        at = sb
+        for x in range(total):
+            at += owner[_u(x)]
+            owner[_u(x)] = at
+        for q in range(rb, re):
+            first[_u(q)] = owner[_u(offset[_u(q)])]
+            last[_u(q)] = owner[_u(offset[_u(q)] + sizes[_u(q)] - 1)]
+    for q in range(rb, re):
+        samples[_u(q)] = offset[_u(last[_u(q)])] + sizes[_u(last[_u(q)])] - offset[_u(first[_u(q)])]
+
+
+@njit(cache=True)
+def _merge(sizes, sb, se, rb, re, first, last):  # type: ignore[no-untyped-def]
+    """:func:`_producers`' first and last sender slots by one linear merge (:func:`umsearch.core.samples.spans`)."""
+    m = sb
+    end = sizes[_u(m)]
+    start = 0
+    for q in range(rb, re):
+        stop = start + sizes[_u(q)]
+        first[_u(q)] = m
+        while end < stop:
+            m += 1
+            end += sizes[_u(m)]
+        last[_u(q)] = m
+        start = stop
+        if end == stop and m + 1 < se:
+            m += 1
+            end += sizes[_u(m)]
+
+
+@njit(cache=True)
+def _prepare(  # type: ignore[no-untyped-def]
+    s0, S, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, sizes, layers, out_bytes, stage_mem,
+    slot_size, offset, owner, first, last, samples, row_int, row_float,
+):  # fmt: skip
+    """Fill the per-slot arrays and per-(stage, kind) rows of the candidate of stages ``s0..s0+S-1``.
+
+    Slots: forward k of stage g is slot ``fwd_ptr[g] - fwd_ptr[s0] + k``, backward k slot ``n_f +
+    bwd_ptr[g] - bwd_ptr[s0] + k``; then per stage its last B/W end (``n_slots + j``) and that action's
+    duration (``n_slots + S + j``); then the spare slot (written, never read) and the idle slot (its
+    own producer, delivered at 0). Per slot: its size, the first and last producer slot it reads (the
+    source stage's list, :func:`umsearch.core.actions.source_stage`) and their samples. ``times`` is
+    flattened: ``sizes`` by ``layers`` per kind."""
+    f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
+    n_f = fwd_ptr[s0 + S] - f_base
+    n_slots = n_f + bwd_ptr[s0 + S] - b_base
+    spare, idle = n_slots + 2 * S, n_slots + 2 * S + 1
+    for q in range(n_f):
+        slot_size[_u(q)] = fwd[_u(f_base + q)]
+    for q in range(n_f, n_slots):
+        slot_size[_u(q)] = bwd[_u(b_base + q - n_f)]
+    for g in range(s0, s0 + S):  # each slot's first sample in its list
+        for listed in (F, B):
+            n = 0
+            for q in range(_list_slot(listed, g, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
+                           _list_slot(listed, g + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f)):
+                offset[_u(q)] = n
+                n += slot_size[_u(q)]
+    first[idle] = last[idle] = idle
+    samples[idle] = 0
+    for j in range(S):
+        for listed in (F, B):  # the producers of its forward list, then of its backward list
+            p = source_stage(listed, j, S)
+            if p >= 0:
+                _producers(slot_size, offset, _list_slot(listed, s0 + p, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
+                           _list_slot(listed, s0 + p + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
+                           _list_slot(listed, s0 + j, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
+                           _list_slot(listed, s0 + j + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
+                           owner, first, last, samples)  # fmt: skip
+    for j in range(S):
+        g = s0 + j
+        for kind in range(4):
+            row = 4 * j + kind
+            p = source_stage(kind, j, S)
+            to = consumer_stage(kind, j, S)
+            dst = rank[s0 + to] if to >= 0 else rank[g]
+            ends = ends_backward(kind)
+            base = _list_slot(kind, g, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
+            row_int[row, _SLOT] = base
+            row_int[row, _READ_AT], row_int[row, _READ_STEP] = (base, 1) if p >= 0 else (idle, 0)
+            row_int[row, _SEND_AT], row_int[row, _SEND_STEP] = (base, 1) if to >= 0 else (spare, 0)
+            row_int[row, _END_AT] = n_slots + j if ends else spare
+            row_int[row, _TOOK_AT] = n_slots + S + j if ends else spare
+            row_int[row, _DST] = dst
+            row_int[row, _T_HI] = kind * sizes * layers + hi[g]
+            row_int[row, _T_LO] = kind * sizes * layers + lo[g]
+            row_int[row, _F_HI] = F * sizes * layers + hi[g]
+            row_int[row, _F_LO] = F * sizes * layers + lo[g]
+            row_float[row, _CROSS] = p >= 0 and rank[s0 + p] != rank[g]
+            row_float[row, _SENDS] = dst != rank[g]
+            row_float[row, _RERUN] = reruns_forward(kind, recompute[g])
+            row_float[row, _SEND_BYTES] = out_bytes[sent_boundary(kind, lo[g], hi[g])]
+            row_float[row, _RECV_BYTES] = out_bytes[received_boundary(kind, lo[g], hi[g])]
+            row_float[row, _SCALE] = scale[g]
+            _memory_row(kind, recompute[g], stage_mem[g, 0], stage_mem[g, 1], stage_mem[g, 2], stage_mem[g, 3],
+                        stage_mem[g, 4], row_float[row])
+
+
+@njit(cache=True)
+def _memory_row(kind, rec, stash, inp, kept, freed, fixed, out):  # type: ignore[no-untyped-def]
+    """Into ``out`` (a row of :func:`_prepare`'s float table): per sample, each docs/model.md 5 term of
+    its stage (:func:`stage_memory`: ``stash``, ``inp``, ``kept``, ``freed``, per sample; ``fixed`` per
+    microbatch) as an action of kind code ``kind`` adds it and releases it (the rule on one term at a
+    time). Its coefficients are 0 or +-1, so the per-action sum of these times the size is, bit for bit,
+    the rule on the terms times the size (the stash's fixed part added to its term)."""
+    out[_ADD], out[_REL] = memory_delta(kind, rec, stash, 0.0, 0.0, 0.0)
+    out[_ADD + 1], out[_REL + 1] = memory_delta(kind, rec, 0.0, inp, 0.0, 0.0)
+    out[_ADD + 2], out[_REL + 2] = memory_delta(kind, rec, 0.0, 0.0, kept, 0.0)
+    out[_ADD + 3], out[_REL + 3] = memory_delta(kind, rec, 0.0, 0.0, 0.0, freed)
+    out[_ADD_FIXED], out[_REL_FIXED] = memory_delta(kind, rec, fixed, 0.0, 0.0, 0.0)
+
+
+@njit(cache=True)
+def _list_slot(kind, g, fwd_ptr, bwd_ptr, f_base, b_base, n_f):  # type: ignore[no-untyped-def]
+    """The first slot of stage ``g``'s list that kind code ``kind`` indexes (``g`` one past the last stage: the end)."""
+    return fwd_ptr[g] - f_base if on_forward_list(kind) else n_f + bwd_ptr[g] - b_base
+
+
 @njit(cache=True)
 def _one(  # type: ignore[no-untyped-def]
-    c, stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
-    times, out_bytes, stage_mem, param_prefix, input_bytes,
-    op_oh, msg_oh, msg_per_byte, state_factor,
-    dep_lo, dep_hi, deliv, waiter, link, pos, clock, level, stack, mem, busy, ends,
+    S, R, r0, n_slots, act, act_ptr, times, layers, op_oh, msg_oh, msg_per_byte,
+    slot_size, first, last, samples, row_int, row_float, deliv, waiter, link, pos, clock, level, stack, mem, busy,
 ):  # fmt: skip
-    """Run candidate c (one replica, its links in ``link``, see :func:`_set_links`) to the end or to a
-    deadlock; returns True on deadlock. ``deliv[n_slots + j]`` is left at stage j's last B/W end and
+    """Run one replica of a candidate (its tables from :func:`_prepare`, its links in ``link``, see
+    :func:`_set_links`, its ranks ``r0..r0+R-1``) to the end or to a deadlock; returns True on deadlock.
+    Leaves each rank's end in ``clock``, its activation peak in ``mem[r0 + r]`` and busy time in ``busy[r0 + r]``; ``deliv[n_slots + j]`` at stage j's last B/W end and
     ``deliv[n_slots + S + j]`` at that action's duration.
 
-    Slots: forward k of stage g is slot ``fwd_ptr[g] - f_base + k``; backward k
-    is ``n_f + bwd_ptr[g] - b_base + k``. ``dep_*`` of a slot is the range of
-    producer slots it reads (forwards of g-1, or backwards of g+1), relative
-    to that producer stage's first slot.
-
-    The rules of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``, ``ready_at``)
-    are spelled out inline here, on scalars and this function's own arguments: a kernel
-    call taking arrays costs their reference counts on every action (ARCHITECTURE.md),
-    about 45% of the old loop's time. The scalar rules of :mod:`umsearch.core.actions`
-    are still called, never restated; memory multiplies ``stage_mem[g]`` (:func:`stage_memory`,
-    per sample) by the microbatch's size.
+    The rules of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``, ``ready_at``) are spelled out
+    inline here, on scalars and this function's own arguments: a kernel call taking arrays costs their
+    reference counts on every action (ARCHITECTURE.md). What the action rules of :mod:`umsearch.core.actions`
+    say of each stage and kind was worked out once (:func:`_prepare`), as slots and 0/1 factors, so an
+    action takes no branch on its kind: a mispredicted branch costs more than the arithmetic it skips.
+    Memory multiplies the stage's docs/model.md 5 terms per sample (:func:`stage_memory`) by the size
+    and adds the stash's fixed part to the stash.
     """
-    s0, s1 = stage_ptr[c], stage_ptr[c + 1]
-    S = s1 - s0
-    r0, r1 = rank_ptr[c], rank_ptr[c + 1]
-    R = r1 - r0
-    f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
-    n_f = fwd_ptr[s1] - f_base
-    n_slots = n_f + bwd_ptr[s1] - b_base
-    link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
-    _reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem[r0:r1], busy[r0:r1])
+    _reset(n_slots, S, R, r0, deliv, waiter, pos, clock, level, stack, mem, busy)
+    for r in range(R):  # a rank's link to itself: the message that is not sent arrives at once
+        link[r, r, 0] = link[r, r, 1] = link[r, r, 2] = 0.0
     top_of_stack = R
-    remaining = act_ptr[r1] - act_ptr[r0]
+    remaining = act_ptr[r0 + R] - act_ptr[r0]
     while top_of_stack > 0:
         top_of_stack -= 1
         r = stack[top_of_stack]
@@ -604,72 +778,57 @@ def _one(  # type: ignore[no-untyped-def]
         peak = mem[r0 + r]
         work = busy[r0 + r]
         while i < n_act:
-            code = act[a0 + i]
+            code = act[_u(a0 + i)]
             kind = code_kind(code)
-            j = code_stage(code)
+            row = 4 * code_stage(code) + kind
             k = code_mb(code)
-            g = s0 + j
-            l_lo, l_hi = lo[g], hi[g]
-            fl = on_forward_list(kind)
-            if fl:
-                size = fwd[fwd_ptr[g] + k]
-                slot = fwd_ptr[g] - f_base + k
-            else:
-                size = bwd[bwd_ptr[g] + k]
-                slot = n_f + bwd_ptr[g] - b_base + k
-            start = t_r
-            need = 0.0
-            p = source_stage(kind, j, S)  # the stage it reads from (-1: none), its producers on the same list
-            if p >= 0:
-                pg = s0 + p
-                if fl:
-                    producers, size_base = fwd_ptr[pg] - f_base, fwd_ptr[pg]
-                else:
-                    producers, size_base = n_f + bwd_ptr[pg] - b_base, bwd_ptr[pg]
-                first, last = dep_lo[slot], dep_hi[slot]
-                missing = -1
-                for m in range(first, last + 1):  # the latest delivery, or the first producer not run
-                    d = deliv[producers + m]
-                    if d < 0.0:
-                        missing = producers + m
+            reads = row_int[_u(row), _READ_AT] + k * row_int[_u(row), _READ_STEP]
+            lo_m, hi_m = first[_u(reads)], last[_u(reads)]
+            d_lo, d_hi = deliv[_u(lo_m)], deliv[_u(hi_m)]
+            ready = max(d_lo, d_hi)
+            low = min(d_lo, d_hi)
+            for m in range(lo_m + 1, hi_m):  # the producers between
+                d = deliv[_u(m)]
+                ready = max(ready, d)
+                low = min(low, d)
+            if low < 0.0:  # wait on the first producer that has not run; it resumes this rank
+                for m in range(lo_m, hi_m + 1):
+                    if deliv[m] < 0.0:
+                        waiter[m] = r
                         break
-                    start = max(start, d)
-                if missing >= 0:  # wait on it; it resumes this rank
-                    waiter[missing] = r
-                    break
-                if rank[pg] != rank[g]:  # one message per producer, by its full size
-                    samples = 0
-                    for m in range(first, last + 1):
-                        samples += fwd[size_base + m] if fl else bwd[size_base + m]
-                    need = (last - first + 1) * msg_oh + msg_per_byte * samples * out_bytes[
-                        received_boundary(kind, l_lo, l_hi)]
-            dur = times[kind, size, l_hi] - times[kind, size, l_lo]
-            if reruns_forward(kind, recompute[g]):
-                dur += times[F, size, l_hi] - times[F, size, l_lo]
-            dur *= scale[g]
-            to = consumer_stage(kind, j, S)
-            dst = rank[s0 + to] if to >= 0 else rank[g]
-            sends = dst != rank[g]
-            edge = sent_boundary(kind, l_lo, l_hi)
-            sent_ms = 1 * msg_oh + msg_per_byte * size * out_bytes[edge] if sends else 0.0
+                break
+            start = max(t_r, ready)
+            slot = row_int[_u(row), _SLOT] + k
+            size = slot_size[_u(slot)]
+            at = size * layers
+            dur = times[_u(row_int[_u(row), _T_HI] + at)] - times[_u(row_int[_u(row), _T_LO] + at)]
+            dur += row_float[_u(row), _RERUN] * (times[_u(row_int[_u(row), _F_HI] + at)] - times[_u(row_int[_u(row), _F_LO] + at)])
+            dur *= row_float[_u(row), _SCALE]
+            # One message per producer by its full size, and one sent, each only across ranks.
+            need = row_float[_u(row), _CROSS] * ((hi_m - lo_m + 1) * msg_oh + msg_per_byte * samples[_u(reads)] *
+                                            row_float[_u(row), _RECV_BYTES])  # fmt: skip
+            sent_ms = row_float[_u(row), _SENDS] * (1 * msg_oh + msg_per_byte * size * row_float[_u(row), _SEND_BYTES])
             end = start + dur + op_oh + need + sent_ms
-            if ends_backward(kind):  # the stage's latest backward end so far (its rank runs in order)
-                deliv[n_slots + j] = end
-                deliv[n_slots + S + j] = end - start
-            if to >= 0:
-                arrival = end
-                if sends:  # after the link's previous message
-                    arrival = max(end, link[r, dst, 0]) + (link[r, dst, 1] + size * out_bytes[edge] * link[r, dst, 2])
-                    link[r, dst, 0] = arrival
-                deliv[slot] = arrival
-                w = waiter[slot]
-                if w >= 0:
-                    waiter[slot] = -1
-                    stack[top_of_stack] = w
-                    top_of_stack += 1
+            deliv[_u(row_int[_u(row), _END_AT])] = end  # the stage's latest backward end so far (its rank runs in order)
+            deliv[_u(row_int[_u(row), _TOOK_AT])] = end - start
+            dst = row_int[_u(row), _DST]  # after the link's previous message
+            arrival = max(end, link[_u(r), _u(dst), 0]) + (link[_u(r), _u(dst), 1] + size * row_float[_u(row), _SEND_BYTES] *
+                                                  link[_u(r), _u(dst), 2])  # fmt: skip
+            link[_u(r), _u(dst), 0] = arrival
+            sent = row_int[_u(row), _SEND_AT] + k * row_int[_u(row), _SEND_STEP]
+            deliv[_u(sent)] = arrival
+            w = waiter[_u(sent)]
+            if w >= 0:
+                waiter[_u(sent)] = -1
+                stack[top_of_stack] = w
+                top_of_stack += 1
             # Memory (docs/model.md 5): additions, the peak, then releases.
-            add, rel = memory_delta(kind, recompute[g], stage_mem[g, 0] * size, stage_mem[g, 1] * size,
-                                    stage_mem[g, 2] * size, stage_mem[g, 3] * size)  # fmt: skip
+            add = (row_float[_u(row), _ADD] * size + row_float[_u(row), _ADD_FIXED] +
+                   row_float[_u(row), _ADD + 1] * size + row_float[_u(row), _ADD + 2] * size +
+                   row_float[_u(row), _ADD + 3] * size)
+            rel = (row_float[_u(row), _REL] * size + row_float[_u(row), _REL_FIXED] +
+                   row_float[_u(row), _REL + 1] * size + row_float[_u(row), _REL + 2] * size +
+                   row_float[_u(row), _REL + 3] * size)
             lvl += add
             peak = max(peak, lvl)
             lvl -= rel
@@ -682,19 +841,20 @@ def _one(  # type: ignore[no-untyped-def]
         level[r] = lvl
         mem[r0 + r] = peak
         busy[r0 + r] = work
-    ends[r0:r1] = clock[:R]
-    for g in range(s0, s1):
-        mem[r0 + rank[g]] += state_factor * (param_prefix[hi[g]] - param_prefix[lo[g]])
     return remaining > 0
 
 
 @njit(cache=True)
-def _reset(n_slots, S, R, deliv, waiter, pos, clock, level, stack, mem, busy):  # type: ignore[no-untyped-def]
-    """A candidate's start: nothing delivered or awaited (each stage's last backward end at 0), every
-    rank at its first action with an empty clock and level, rank 0 first on the stack."""
-    deliv[:n_slots] = -1.0
-    waiter[:n_slots] = -1
-    deliv[n_slots : n_slots + S] = 0.0
+def _reset(n_slots, S, R, r0, deliv, waiter, pos, clock, level, stack, mem, busy):  # type: ignore[no-untyped-def]
+    """A candidate's start: nothing delivered or awaited (each stage's last backward end at 0, the idle
+    slot delivered at 0), every rank at its first action with an empty clock and level, rank 0 first
+    on the stack."""
+    for q in range(n_slots):
+        deliv[_u(q)] = -1.0
+    for q in range(n_slots, n_slots + 2 * S + 2):
+        deliv[_u(q)] = 0.0
+    for q in range(n_slots + 2 * S + 2):
+        waiter[_u(q)] = -1
     for r in range(R):
-        pos[r], clock[r], level[r], mem[r], busy[r] = 0, 0.0, 0.0, 0.0, 0.0
+        pos[r], clock[r], level[r], mem[r0 + r], busy[r0 + r] = 0, 0.0, 0.0, 0.0, 0.0
         stack[r] = R - 1 - r

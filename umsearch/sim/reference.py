@@ -116,17 +116,23 @@ def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:
     actions (the same in every replica: memory follows the list order, not the links)."""
     level = peak = 0.0
     handed = hand_offs(plan)
-    terms = {j: cost.stage_memory(st.lo, st.hi, st.recompute, j > 0 and handed[j - 1], handed[j])
-             for j, st in enumerate(plan.stages) if st.rank == r}  # fmt: skip
     for a in plan.actions[r]:
         st = plan.stages[a.stage]
         n = a.size(st.forward, st.backward)
-        add, release = a.memory(st.recompute, *(x * n for x in terms[a.stage]))
+        j = a.stage
+        add, release = a.memory(st.recompute, *cost.microbatch_memory(st.lo, st.hi, st.recompute,
+                                                                      j > 0 and handed[j - 1], handed[j], n))  # fmt: skip
         level += add
         peak = max(peak, level)
         level -= release
-    state = sum(cost.param_bytes(plan.stages[j].lo, plan.stages[j].hi) for j in plan.stages_of(r))
-    return state_factor(plan, cost) * state + peak
+    return rank_state_bytes(plan, cost, r) + peak
+
+
+def rank_state_bytes(plan: Plan, cost: CostModel, r: int) -> float:
+    """docs/model.md section 5 (and 9): rank ``r``'s training state, the state factor times the parameter
+    bytes of its stages, a weight tied between them once (:meth:`~umsearch.core.cost.CostModel.rank_param_bytes`)."""
+    held = cost.rank_param_bytes([(plan.stages[j].lo, plan.stages[j].hi) for j in plan.stages_of(r)])
+    return state_factor(plan, cost) * held
 
 
 Transfer = Callable[[Action, int, int], float]
