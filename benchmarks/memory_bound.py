@@ -51,16 +51,14 @@ run that measured them. Every figure in it was measured by this script.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +67,7 @@ from benchmarks.stats import drift, environment, ratio, summary
 from umsearch.core.model_spec import ModelSpec
 from umsearch.core.plan import Plan
 from umsearch.core.profile import Profile
+from umsearch.runtime.checkpointing import checkpointed
 from umsearch.storage.jsonio import write_json
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -95,22 +94,6 @@ Variant = tuple[int, bool]
 
 
 # ------------------------------------------------------------------------------------ in the rank processes
-@contextlib.contextmanager
-def checkpointed(layers: Sequence[Any]) -> Iterator[None]:
-    """Every module of ``layers`` runs its forward under non-reentrant ``torch.utils.checkpoint`` inside the
-    block (full activation checkpointing: each layer keeps its input only and recomputes in the backward)."""
-    from torch.utils.checkpoint import checkpoint
-
-    mods = list({id(m): m for m in layers}.values())
-    for m in mods:
-        m.forward = functools.partial(checkpoint, m.forward, use_reentrant=False)
-    try:
-        yield
-    finally:
-        for m in mods:
-            del m.forward
-
-
 class _Checkpointed:
     """A torch schedule's runner with its model's layers checkpointed while it steps (the same stages)."""
 
@@ -203,6 +186,13 @@ def shape(plan: Plan) -> tuple[Any, ...]:
     return tuple((st.lo, st.hi, st.rank, st.forward) for st in plan.stages)
 
 
+def plain(plan: Plan) -> Plan:
+    """``plan`` with no stage recomputing (a torch baseline's lists are equal, so only the flags change)."""
+    if not any(st.recompute for st in plan.stages):
+        return plan
+    return replace(plan, stages=tuple(replace(st, recompute=False) for st in plan.stages))
+
+
 def side_by_side(first: Contender, at_limit: dict[str, Plan], free: dict[str, Plan]) -> list[Contender]:
     """``first`` (the tuned plan), then every torch schedule at the configuration the search gave it under
     ``L`` and without a limit, each with and without full activation checkpointing (one contender per
@@ -213,7 +203,10 @@ def side_by_side(first: Contender, at_limit: dict[str, Plan], free: dict[str, Pl
         ("search baseline under L", at_limit),
         ("search baseline without a limit", free),
     ):
-        for name, plan in plans.items():
+        for name, marked in plans.items():
+            # The contender's checkpointing is its variant's (``ac``): a baseline that marks full checkpointing
+            # runs plain here, or make_runners would checkpoint its "plain" twin too.
+            plan = plain(marked)
             for ac in (False, True):
                 if (name, shape(plan), ac) in seen:
                     continue

@@ -130,3 +130,17 @@ def test_a_recomputing_stage_registers_its_kept_inputs_only_while_a_tally_counts
         gc.collect()
         assert tally.saved == 0
     assert held(x) is None  # the tally has ended
+
+
+def test_a_gradient_set_by_assignment_counts_at_the_next_event_and_at_the_end() -> None:
+    """torch's split backward writes ``weight.grad = dw`` (no accumulate hook runs): the tally still counts it."""
+    w, v = torch.zeros(16, requires_grad=True), torch.zeros(8, requires_grad=True)
+    x = torch.ones(16, requires_grad=True)
+    with MemoryTally([w, v]) as tally:
+        w.grad = torch.ones(16)  # 64 bytes, unseen by any hook
+        assert tally.grads == 0
+        y = (x * x).sum()  # a saved tensor: the next event
+        assert tally.grads == 64
+        v.grad = torch.ones(8)  # 32 bytes, after the last event
+    assert tally.result().grad_bytes == 96
+    del y

@@ -4,6 +4,7 @@ and a rank process checks its plan at most as often as the gate says."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import sys
 from collections.abc import Iterator
@@ -20,13 +21,27 @@ from tests.runtime.helpers import (
     peer_plan,
     placed,
     rank_modules,
+    reference_grads,
     run_threads,
     tiny_model,
 )
 from tests.runtime.test_executor import ONE_STAGE_PER_RANK, SEVERAL_STAGES_PER_RANK
 from umsearch.core import plan_rules
 from umsearch.core.plan import Plan
-from umsearch.core.program import lower, untag
+from umsearch.core.program import (
+    LOSS,
+    Channel,
+    FixedShape,
+    Input,
+    Publish,
+    RankProgram,
+    Receive,
+    Send,
+    Step,
+    lower,
+    tag,
+    untag,
+)
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.executor import StageExecutor
 from umsearch.runtime.replay import replay_rank
@@ -145,3 +160,86 @@ def test_a_rank_given_a_checked_plan_does_not_check_it_again(checks: list[int], 
     replay_rank(TWO_RANKS, functools.partial(tiny_model, 6), 1, steps=1, cfg=RunConfig(check=check))
     assert len(checks) == 0
 
+
+
+def _attribute_reads(tree: ast.AST) -> set[str]:
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
+def test_the_executor_reads_every_peer_tag_and_slice_from_the_program() -> None:
+    """What a message is (an activation, a gradient, a header) is the program's: the executor never asks a
+    channel who sends on it or in which direction, passes every send and receive the ``peer`` and ``tag`` a
+    program operation carries, cuts the batch only at a step's ``rows`` and builds inputs only from ``pieces``."""
+    tree = ast.parse(Path(executor_module.__file__).read_text())
+    meaning = {"sender", "sender_rank", "gradient", "local", "header_tag", "activations", "gradients", "headers",
+               "consumer", "source", "cf", "cb"}  # fmt: skip
+    assert not _attribute_reads(tree) & meaning
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else None
+        if name in ("isend", "irecv"):
+            peer, _, tag = call.args
+            assert isinstance(peer, ast.Attribute) and peer.attr == "peer", ast.unparse(call)
+            assert isinstance(tag, ast.Attribute) and tag.attr == "tag", ast.unparse(call)
+        if name == "narrow":
+            assert [ast.unparse(a) for a in call.args] == ["0", "*step.rows"], ast.unparse(call)
+    assembled = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id == "assemble"]  # fmt: skip
+    assert [ast.unparse(c.args[1]) for c in assembled] == ["inp.pieces"]
+
+
+LOSS_PLAN = placed(8, [0, 3, 6], [0, 1], [[2, 6], [4, 4]], ["0F0 0F1 0B0 0B1", "1F0 1F1 1B0 1B1"])
+"""The last stage's forwards all come before its backwards: its losses go to rank 0 before any gradient."""
+
+
+def _losses_to_rank_0(plan: Plan) -> tuple[RankProgram, RankProgram]:
+    """The lowered programs of :data:`LOSS_PLAN` plus a message kind the executor was never told about: rank 1
+    sends every forward microbatch's loss to rank 0 (after its output, under the tags the last stage's unused
+    activations would have), and rank 0 receives them first on that link (the sender's order) and publishes
+    them after its last step."""
+    first, last = lower(plan)
+    S, scalar = plan.num_stages, FixedShape((), "float64")
+    sends = tuple(dataclasses.replace(s, outputs=(*s.outputs, Send(peer=0, tag=tag(S - 1, False, s.action.mb, S),
+                                                                   name=f"loss {s.action}", shape=scalar, count=1,
+                                                                   value=LOSS)))
+                  if s.action is not None and s.action.is_forward else s for s in last.steps)  # fmt: skip
+    losses = len(plan.stages[-1].forward)
+    channel = Channel(stage=0, gradient=False, sender=S - 1, sender_rank=1, local=False, sizes=(1,) * losses,
+                      header_tag=-1, shape=scalar)  # fmt: skip
+    c = len(first.channels)
+    receives = tuple(Receive(channel=c, message=k, peer=1, tag=tag(S - 1, False, k, S)) for k in range(losses))
+    collect = Step(action=None, input=Input(channel=c, pieces=tuple((k, 0, 1) for k in range(losses)),
+                                            release=tuple(range(losses))),
+                   posts=(), outputs=(Publish("losses"),), ends_backward_of=None)  # fmt: skip
+    return (dataclasses.replace(first, channels=(*first.channels, channel), prelude=receives + first.prelude,
+                                steps=(*first.steps, collect)),
+            dataclasses.replace(last, steps=sends))  # fmt: skip
+
+
+def test_a_message_kind_the_executor_does_not_know_runs_from_the_program_alone() -> None:
+    """A new kind of message written into the programs only (:func:`_losses_to_rank_0`) runs: rank 0 gets the
+    last stage's microbatch losses, and every gradient is still the single-process one."""
+    plan, model = LOSS_PLAN, tiny_model(6)
+    programs = _losses_to_rank_0(plan)
+    hub = QueueHub(plan.ranks)
+    executors: list[StageExecutor] = []
+    for r in range(plan.ranks):
+        executors.append(StageExecutor(plan, r, rank_modules(plan, model, r), model.loss, hub.comm(r),
+                                       program=programs[r]))  # fmt: skip
+    errors: list[BaseException] = []
+
+    def body(r: int) -> None:
+        try:
+            x, y = model.make_batch(plan.global_batch, torch.Generator().manual_seed(3))
+            ex = executors[r]
+            ex.run_iteration(x if ex.needs_inputs else None, y if ex.needs_targets else None)
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+            hub.barrier.abort()
+
+    run_threads(body, plan.ranks, errors)
+    (published,) = executors[0].published["losses"]
+    assert torch.equal(published, torch.stack(executors[1].microbatch_losses()))
+    want = reference_grads(model, plan.global_batch, 3)
+    got = {n: p.grad for ex in executors for j, s in ex.stages.items()
+           for n, p in s.module.named_parameters() if p.grad is not None}  # fmt: skip
+    assert want.keys() == got.keys() and all(torch.allclose(got[n], want[n], rtol=0, atol=1e-12) for n in want)

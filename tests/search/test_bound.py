@@ -11,10 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.contract import EXAMPLE3, EXAMPLE4, example1, unit_profile
+from tests.sim.test_memory import fixed_and_tied
 from tests.strategies import dp_plans, plans, profiles
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
-from umsearch.search.bound import lower_bound, max_sizes, min_split
+from umsearch.core.profile import TiedWeight
+from umsearch.search.bound import lower_bound, max_sizes, min_split, whole_param_bytes
 from umsearch.search.factorize import ClusterPlacement, Factorization
 from umsearch.search.genome import Rules
 from umsearch.sim.reference import simulate
@@ -122,3 +124,33 @@ def test_never_above_any_data_parallel_plan_that_fits(data: st.DataObject) -> No
                     memory_limit=max(res.peak_memory_bytes))  # fmt: skip
     bound = lower_bound(where.bound_tables(cost.tables(replica.global_batch)), rules)
     assert bound <= res.iteration_ms * (1 + 1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_never_above_any_plan_that_fits_with_fixed_parts_and_ties(data: st.DataObject) -> None:
+    """Version 2.3's terms (a fixed stash per microbatch, weights tied between layers) keep the memory-aware
+    bound below every plan that fits, one rank (a tied weight held once) included."""
+    profile = data.draw(fixed_and_tied(data.draw(profiles(split=True))))
+    plan = data.draw(plans(profile.num_layers, max_ranks=data.draw(st.sampled_from([1, 2, 4]))))
+    cost = CostModel(profile, state_factor=data.draw(st.sampled_from([1.0, 2.0, 4.0])))
+    res = simulate(plan, cost)
+    if res.iteration_ms is None or res.peak_memory_bytes is None:
+        return
+    limit = max(res.peak_memory_bytes) * data.draw(st.sampled_from([1.0, 1.0 + 1e-12, 1.1]))
+    one_stage = plan.num_stages == plan.ranks and data.draw(st.booleans())
+    rules = replace(_rules_for(plan, any(plan.uses_split) or data.draw(st.booleans()), one_stage), memory_limit=limit)
+    assert lower_bound(cost.tables(plan.global_batch), rules) <= res.iteration_ms * (1 + 1e-9)
+
+
+def test_one_rank_holds_a_tied_weight_once_and_every_fixed_stash() -> None:
+    """Unit layers (params 100, stash 10 a sample), layers 0 and 3 tying 40 bytes, layer 1 saving 5 bytes per
+    microbatch: one rank holds 400 - 40 parameter bytes, so under 360 + 40 bytes each layer fits 4 samples,
+    layer 1 (its fixed 5 resident too) 3."""
+    base = unit_profile(4)
+    layers = tuple(dataclasses.replace(x, stash_fixed_bytes=5.0 if i == 1 else 0.0) for i, x in enumerate(base.layers))
+    profile = dataclasses.replace(base, layers=layers, tied_weights=(TiedWeight(layers=(0, 3), bytes=40.0),))
+    tables = CostModel(profile, state_factor=1.0).tables(4)
+    assert whole_param_bytes(tables) == 360.0
+    assert max_sizes(tables, 400.0, whole=True).tolist() == [4.0, 3.0, 4.0, 4.0]
+    assert max_sizes(tables, 140.0).tolist() == [4.0, 3.0, 4.0, 4.0]  # one layer's own 100 bytes on a rank

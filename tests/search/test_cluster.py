@@ -158,15 +158,17 @@ def test_factorizations_keep_both_layouts_where_they_differ_and_prune_with_reaso
 
 
 def test_memory_pruning_uses_the_smallest_possible_stage_and_zero1() -> None:
-    # R = 2: a rank holds at least half the parameters (110) and one sample of the largest stash (5).
-    assert smallest_stage_bytes(MEM, 2, 4, zero1=False) == 4 * 110 + 5
-    assert smallest_stage_bytes(MEM, 2, 4, zero1=True) == (2 + 2 / 4) * 110 + 5
-    tight = replace(MEM, limit=310.0)  # R = 2 fits only with ZeRO-1 (445 / 280), R = 4 likewise (405 / 305)
+    # R = 2: the fullest rank holds at least half the parameters (110); the rank holding layer 1 holds its
+    # 100 and one sample of its stash (5), which may be another rank: the larger of the two.
+    assert smallest_stage_bytes(MEM, 2, 4, zero1=False) == 4 * 110
+    assert smallest_stage_bytes(MEM, 2, 4, zero1=True) == (2 + 2 / 4) * 110
+    assert smallest_stage_bytes(MEM, 4, 2, zero1=False) == 4 * 100 + 5
+    tight = replace(MEM, limit=310.0)  # R = 2 fits only with ZeRO-1 (440 / 275), R = 4 likewise (405 / 305)
     keep, pruned = factorizations(8, 8, 4, TWO_BY_FOUR, tight, max_ranks=256)
     assert {f.label for f in keep} == {"R=2 x D=4 dp_inner +zero1", "R=2 x D=4 pp_inner +zero1",
                                        "R=4 x D=2 dp_inner +zero1", "R=4 x D=2 pp_inner +zero1"}  # fmt: skip
     assert {p.factorization.ranks: p.reason.split(" > ")[0] for p in pruned} == {
-        1: "the smallest possible stage needs 5e-07 GB", 8: "R = 8 ranks but the profile has 4 layers"}
+        1: "the smallest possible stage needs 4.95e-07 GB", 8: "R = 8 ranks but the profile has 4 layers"}
     roomy = replace(MEM, limit=1e12)
     assert not any(f.zero1 for f in factorizations(8, 8, 4, TWO_BY_FOUR, roomy, max_ranks=256)[0])
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.strategies import uniform_profile
 from umsearch.core.cost import CostModel
-from umsearch.core.profile import save_profile
+from umsearch.core.profile import TiedWeight, save_profile
 from umsearch.measure.synthetic import bimodal_profile, simnet_profile
 from umsearch.search.driver import run_search
 from umsearch.search.exhaustive import compositions, exhaustive_optimum
@@ -65,6 +65,28 @@ def test_the_memory_limit_is_the_models(weight_stash: float | None) -> None:
         replace(lay, stash_bytes=30.0 if i in (1, 2) else 10.0, boundary_shared_bytes=12.0 if i else 0.0,
                 input_saved_bytes=5.0, weight_stash_bytes=weight_stash)
         for i, lay in enumerate(base.layers))))  # fmt: skip
+    free = exhaustive_optimum(cost, rules, math.inf, max_parts=2)
+    assert free is not None
+    peak = max(simulate(free[0], cost).peak_memory_bytes or ())
+    at_peak = exhaustive_optimum(cost, rules, peak, max_parts=2)
+    assert at_peak is not None and at_peak[1] == pytest.approx(free[1])
+    for limit in (peak, peak - 1):
+        found = exhaustive_optimum(cost, rules, limit, max_parts=2)
+        assert found is not None and max(simulate(found[0], cost).peak_memory_bytes or ()) <= limit
+
+
+@pytest.mark.parametrize("fixed,tie", [(4.0, 0.0), (0.0, 60.0), (4.0, 60.0)])
+def test_the_memory_limit_counts_fixed_stashes_and_ties(fixed: float, tie: float) -> None:
+    """docs/model.md 5 (version 2.3): a V on 2 ranks whose middle stages (both on rank 1, the fuller one) tie a
+    weight and whose layers save ``fixed`` bytes per microbatch. The search's memory is the reference simulator's: the
+    unconstrained optimum fits its own peak, and every plan found under a tighter limit fits it."""
+    rules = Rules(num_layers=4, ranks=2, batch=2, sizes=(1, 2), max_count=2, stages_per_rank=(2,),
+                  placements=("vshape",), split=True, recompute=False)  # fmt: skip
+    base = uniform_profile(4, out_bytes=1.0)
+    layers = tuple(replace(lay, stash_bytes=30.0 if i in (1, 2) else 10.0, stash_fixed_bytes=fixed * (i + 1))
+                   for i, lay in enumerate(base.layers))  # fmt: skip
+    ties = (TiedWeight(layers=(1, 2), bytes=tie),) if tie else ()
+    cost = CostModel(replace(base, layers=layers, tied_weights=ties))
     free = exhaustive_optimum(cost, rules, math.inf, max_parts=2)
     assert free is not None
     peak = max(simulate(free[0], cost).peak_memory_bytes or ())

@@ -72,6 +72,27 @@ def test_generated_lists_are_valid_and_timed_exactly(rules: Rules, data: st.Data
         assert_plan_obeys(decode(ap), rules)
 
 
+@pytest.mark.slow  # compiles the kept generator (about 20 s)
+@settings(max_examples=200, deadline=None)
+@given(rules_st(max_layers=8, max_batch=12), st.data())
+def test_the_generator_writes_what_the_one_before_its_tables_did(rules: Rules, data: st.DataObject) -> None:
+    """Issue 37: the generator on the evaluator's tables writes, times and weighs bit for bit what it did
+    before them (kept in benchmarks/evaluator.py): the same lists, times, memory and relaxations, at limits
+    from none to ones that hold most forwards back, with fixed stashes or without."""
+    from benchmarks.evaluator import GENERATED, old_generate
+
+    profile = data.draw(memory_profiles(rules.num_layers))
+    fixed = st.sampled_from([0.0]) | st.floats(0, 50)
+    profile = replace(profile, layers=tuple(replace(x, stash_fixed_bytes=data.draw(fixed)) for x in profile.layers))
+    population = data.draw(st.lists(handing_genomes(rules), min_size=1, max_size=4))
+    tables = CostModel(profile, state_factor=data.draw(st.sampled_from([1.0, 4.0]))).tables(rules.largest)
+    limit = data.draw(st.sampled_from([math.inf, 1e4, 1e7]) | st.floats(0, 1e5))
+    packed = pack_genomes(population, rules)
+    new, old = generate(packed, tables, limit), old_generate(packed, tables, limit)
+    for field in GENERATED:
+        np.testing.assert_array_equal(getattr(new, field), getattr(old, field), err_msg=field)
+
+
 @pytest.mark.parametrize(("second", "held"), [((1, 1), 10 + 6), ((2,), 10 + 10)])
 def test_a_boundary_handed_on_is_counted_once(second: tuple[int, ...], held: int) -> None:
     """docs/model.md 5 (version 2.3): one rank, two stages; the second layer saves 4 of the 10 bytes per

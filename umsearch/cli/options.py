@@ -16,11 +16,12 @@ from typing import Any
 
 import click
 
-from umsearch.core.options import Setting
+from umsearch.core.options import KindRule, Setting, kind_rule
 from umsearch.errors import UmsearchError
 
-_CLICK_TYPES: dict[str, Any] = {"int": int, "float": float, "size": str, "text": str, "link": str,
-                                "path": click.Path(dir_okay=False), "folder": click.Path(file_okay=False)}  # fmt: skip
+_CLICK_TYPES: dict[str, Any] = {"int": int, "float": float, "text": str, "file": click.Path(dir_okay=False),
+                                "folder": click.Path(file_okay=False)}  # fmt: skip
+"""Each :data:`~umsearch.core.options.ValueType` but ``choice`` (made from the setting's choices) as click's type."""
 
 
 class DeclaredOption(click.Option):
@@ -47,44 +48,65 @@ class _Parsed(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give integers separated by commas, e.g. 1,2,3") from None
+def _split(rule: KindRule) -> Callable[[click.Context, click.Parameter, str | None], list[Any] | None]:
+    """A callback reading a ``list`` form's comma-separated items with the kind's :attr:`~KindRule.item`."""
+
+    def split(ctx: click.Context, param: click.Parameter, value: str | None) -> list[Any] | None:
+        if value is None:
+            return None
+        try:
+            return [rule.item(v.strip()) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: give {rule.items} separated by commas, e.g. 1,2,3") from None
+
+    return split
 
 
-def _names(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+_Made = Callable[[Setting, KindRule, tuple[str, ...], Any, dict[str, Any]], Callable[[Any], Any]]
+"""Makes the click option of a setting (``row``, its kind's rule, its names, its default, the common keywords)."""
+
+
+def _flag(row: Setting, rule: KindRule, names: tuple[str, ...], default: Any, common: dict[str, Any]) -> Callable[[Any], Any]:  # fmt: skip
+    return click.option(*names, row.dest, is_flag=True, default=False, **common)
+
+
+def _pair(row: Setting, rule: KindRule, names: tuple[str, ...], default: Any, common: dict[str, Any]) -> Callable[[Any], Any]:  # fmt: skip
+    return click.option(f"{row.flag}/--no-{row.flag[2:]}", row.dest, default=default, **common)
+
+
+def _list(row: Setting, rule: KindRule, names: tuple[str, ...], default: Any, common: dict[str, Any]) -> Callable[[Any], Any]:  # fmt: skip
+    return click.option(*names, row.dest, callback=_split(rule), default=default,
+                        **{**common, "help": common["help"] + rule.items_help})  # fmt: skip
+
+
+def _value(row: Setting, rule: KindRule, names: tuple[str, ...], default: Any, common: dict[str, Any]) -> Callable[[Any], Any]:  # fmt: skip
+    opt = row.option
+    multiple = rule.shape == "repeated"
+    if opt.parse is not None or multiple:
+        return click.option(*names, row.dest, type=_Parsed(row), multiple=multiple, metavar=opt.metavar,
+                            default=() if multiple else default,
+                            show_default=not multiple and default is not None, **common)  # fmt: skip
+    if rule.value_type == "choice":
+        return click.option(*names, row.dest, type=click.Choice(list(opt.choices)), default=default,
+                            show_default=default is not None, **common)  # fmt: skip
+    return click.option(*names, row.dest, type=_CLICK_TYPES[rule.value_type], default=default, metavar=opt.metavar,
+                        show_default=default is not None, **common)  # fmt: skip
+
+
+_FORMS: dict[str, _Made] = {"flag": _flag, "pair": _pair, "list": _list, "value": _value}
+"""Each :data:`~umsearch.core.options.Form` of a kind's rule as the click option it makes."""
 
 
 def click_option(row: Setting, *, default: Any = None, help_suffix: str = "") -> Callable[[Any], Any]:
-    """The click option of one setting. ``default`` None leaves the value unset unless given (a search
-    space's keys: the TOML's value stands); a settings group passes its field's default."""
-    opt, names, dest = row.option, (row.flag, *row.option.aliases), row.dest
+    """The click option of one setting, in the form its kind's rule says (:data:`~umsearch.core.options.KIND_RULES`).
+    ``default`` None leaves the value unset unless given (a search space's keys: the TOML's value stands); a
+    settings group passes its field's default."""
+    opt, rule = row.option, kind_rule(row.option)
     text = opt.help.replace("`", "") + help_suffix
     common: dict[str, Any] = {"help": text, "hidden": opt.hidden, "cls": DeclaredOption, "setting": row}
     if default is dataclasses.MISSING:
         common["required"], default = True, None
-    if opt.kind == "switch":
-        return click.option(*names, dest, is_flag=True, default=False, **common)
-    if opt.kind == "bool":
-        return click.option(f"{row.flag}/--no-{row.flag[2:]}", dest, default=default, **common)
-    if opt.kind in ("ints", "names"):
-        return click.option(*names, dest, callback=_int_list if opt.kind == "ints" else _names, default=default,
-                            **{**common, "help": text + (", comma-separated" if opt.kind == "names" else ", e.g. 1,2")})  # fmt: skip
-    if opt.parse is not None or opt.kind == "multiple":
-        multiple = opt.kind == "multiple"
-        return click.option(*names, dest, type=_Parsed(row), multiple=multiple, metavar=opt.metavar,
-                            default=() if multiple else default,
-                            show_default=not multiple and default is not None, **common)  # fmt: skip
-    if opt.kind == "choice":
-        return click.option(*names, dest, type=click.Choice(list(opt.choices)), default=default,
-                            show_default=default is not None, **common)  # fmt: skip
-    return click.option(*names, dest, type=_CLICK_TYPES[opt.kind], default=default, metavar=opt.metavar,
-                        show_default=default is not None, **common)  # fmt: skip
+    return _FORMS[rule.form](row, rule, (row.flag, *opt.aliases), default, common)
 
 
 def click_options(rows: Iterable[Setting], *, defaults: dict[str, Any] | None = None,

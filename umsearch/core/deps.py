@@ -19,7 +19,7 @@ from functools import cached_property
 
 from umsearch.core.actions import Action, B, F, Kind, indexed_list, source_stage
 from umsearch.core.plan import Plan
-from umsearch.core.program import Handoff, RankProgram, lower, untag
+from umsearch.core.program import Handoff, RankProgram, Send, Step, lower, message_name, untag
 from umsearch.core.samples import spans
 from umsearch.errors import PlanError
 
@@ -81,26 +81,32 @@ Message = tuple[int, bool, int]
 encodes)."""
 
 
-def _flows(program: RankProgram) -> tuple[list[tuple[Message, ...]], list[Message | None]]:
-    """Per step of ``program``: the messages its input is built from (in sample order), and the one it makes
-    (handed on or sent: a message is named by its sender's microbatch, as :func:`~umsearch.core.program.tag`
-    names it)."""
+Made = tuple[Message, int | None]
+"""A message a step makes and the rank it is sent to (None: handed on, on the same rank)."""
+
+
+def messages(program: RankProgram) -> tuple[tuple[Step, ...], list[tuple[Message, ...]], list[tuple[Made, ...]]]:
+    """``program``'s steps and, per step, the messages its input is built from (in sample order) and those it
+    makes (handed on or sent: a message is named by its sender's microbatch, as
+    :func:`~umsearch.core.program.tag` names it). What the deadlock check and the reference simulator read."""
     channels = program.channels
     reads: list[tuple[Message, ...]] = []
-    makes: list[Message | None] = []
+    makes: list[tuple[Made, ...]] = []
     for st in program.steps:
         if st.input is None:
             reads.append(())
         else:
             ch = channels[st.input.channel]
             reads.append(tuple((ch.sender, ch.gradient, m) for m, _, _ in st.input.pieces))
-        out = st.output
-        if isinstance(out, Handoff):
-            ch = channels[out.channel]
-            makes.append((ch.sender, ch.gradient, out.message))
-        else:
-            makes.append(None if out is None else untag(out.tag, program.num_stages))
-    return reads, makes
+        made: list[Made] = []
+        for out in st.outputs:
+            if isinstance(out, Handoff):
+                ch = channels[out.channel]
+                made.append(((ch.sender, ch.gradient, out.message), None))
+            elif isinstance(out, Send):
+                made.append((untag(out.tag, program.num_stages), out.peer))
+        makes.append(tuple(made))
+    return program.steps, reads, makes
 
 
 def find_deadlock(plan: Plan) -> tuple[str, ...]:
@@ -112,9 +118,9 @@ def find_deadlock(plan: Plan) -> tuple[str, ...]:
     exactly when this stops with steps left.
     """
     programs = lower(plan, run=False)
-    flows = [_flows(p) for p in programs]
-    maker = {m: st.action for p, (_, makes) in zip(programs, flows, strict=True)
-             for st, m in zip(p.steps, makes, strict=True) if m is not None}  # fmt: skip
+    flows = [messages(p)[1:] for p in programs]
+    maker = {m: (st.action, p.rank) for p, (_, makes) in zip(programs, flows, strict=True)
+             for st, out in zip(p.steps, makes, strict=True) for m, _ in out}  # fmt: skip
     made: set[Message] = set()
     pos = [0] * plan.ranks
     progress = True
@@ -122,17 +128,16 @@ def find_deadlock(plan: Plan) -> tuple[str, ...]:
         progress = False
         for r, (reads, makes) in enumerate(flows):
             while pos[r] < len(reads) and all(m in made for m in reads[pos[r]]):
-                out = makes[pos[r]]
-                if out is not None:
-                    made.add(out)
+                made.update(m for m, _ in makes[pos[r]])
                 pos[r] += 1
                 progress = True
     stuck = []
     for r, (reads, _) in enumerate(flows):
         if pos[r] < len(reads):
-            missing = maker[next(m for m in reads[pos[r]] if m not in made)]
-            stuck.append(f"rank {r} is stuck at {programs[r].steps[pos[r]].action}, waiting for {missing} on rank "
-                         f"{plan.stages[missing.stage].rank}")  # fmt: skip
+            message = next(m for m in reads[pos[r]] if m not in made)
+            missing, at = maker[message]
+            stuck.append(f"rank {r} is stuck at {programs[r].steps[pos[r]].action or 'a step'}, waiting for "
+                         f"{missing or message_name(*message)} on rank {at}")  # fmt: skip
     return tuple(stuck)
 
 

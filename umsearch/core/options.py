@@ -21,9 +21,12 @@ command comes from a declaration.
 
 What each kind of value means is said once, in :data:`KIND_RULES` (the one
 switch on :attr:`Option.kind`): how a command line takes it
-(:attr:`KindRule.shape`) and what a value of it must be
-(:func:`check_value`, for a value already decoded: a TOML value, a flag's
-parsed text).
+(:attr:`KindRule.shape`, and the form of its click option,
+:attr:`KindRule.form`), what a parsed flag makes of the field
+(:meth:`KindRule.field_value`), how a value is written back as flags
+(:meth:`KindRule.argv`) and what a value of it must be (:func:`check_value`,
+for a value already decoded: a TOML value, a flag's parsed text). No other
+module compares a kind with a literal (``tests/core/test_options.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,14 @@ class Option:
 
 Shape = Literal["switch", "repeated", "value"]
 """How a command line takes a setting: present or not, a flag given any number of times, or once with a value."""
+
+Form = Literal["flag", "pair", "list", "value"]
+"""The form of a click option (:mod:`umsearch.cli.options`): a flag present or not, a ``--x/--no-x`` pair, one
+comma-separated value of several items, or a value (repeatable for the ``repeated`` shape)."""
+
+ValueType = Literal["int", "float", "text", "file", "folder", "choice"]
+"""What a ``value`` form takes when its setting has no parser of its own: a number, text, a file's or a folder's
+path, one of the setting's choices."""
 
 
 def _int(opt: Option, v: Any, key: str) -> int:
@@ -142,14 +153,46 @@ class KindRule:
     check: Callable[[Option, Any, str], Any] | None
     """A decoded value to the field's value, raising ValueError with the key and the fix; None: the
     parser of the settings that declare it (``size``, ``link``: their forms are the search space's)."""
+    form: Form = "value"
+    """The form of its click option."""
+    value_type: ValueType = "text"
+    """A ``value`` form's type without a parser of the setting's own."""
+    item: Callable[[str], Any] = str
+    """A ``list`` form's item from its text (raising ValueError)."""
+    items: str = ""
+    """A ``list`` form: what its items are, for errors (``integers``)."""
+    items_help: str = ""
+    """A ``list`` form: what its help adds (``, e.g. 1,2``)."""
+
+    def field_value(self, opt: Option, raw: Any) -> Any:
+        """The field value of what a parser gave (a parsed value, a switch's presence, a repeated flag's list)."""
+        if self.shape == "switch":
+            return bool(raw) != opt.invert
+        if self.shape == "repeated":
+            return tuple(raw or ())
+        return raw
+
+    def argv(self, row: Setting, value: Any) -> list[str]:
+        """``value`` of ``row`` as flags, every value explicit; absent values (None where that is the default,
+        an empty list, a switch off) left out."""
+        opt = row.option
+        if self.shape == "switch":
+            return [row.flag] if value is (not opt.invert) else []
+        if self.shape == "repeated":
+            return [f"{row.flag}={opt.show(v)}" for v in value]
+        # None is absent only where it is the default (--threads 0 means None, default 1).
+        return [f"{row.flag}={opt.show(value)}"] if value is not None or row.default is not None else []
 
 
 KIND_RULES: dict[str, KindRule] = {
-    "int": KindRule("value", _int), "float": KindRule("value", _positive), "bool": KindRule("value", _bool),
-    "choice": KindRule("value", _choice), "ints": KindRule("value", _ints), "names": KindRule("value", _names),
-    "text": KindRule("value", _text("")), "path": KindRule("value", _text("path ")),
-    "folder": KindRule("value", _text("")), "size": KindRule("value", None), "link": KindRule("value", None),
-    "switch": KindRule("switch", _bool), "multiple": KindRule("repeated", _as_given),
+    "int": KindRule("value", _int, value_type="int"), "float": KindRule("value", _positive, value_type="float"),
+    "bool": KindRule("value", _bool, form="pair"), "choice": KindRule("value", _choice, value_type="choice"),
+    "ints": KindRule("value", _ints, form="list", item=int, items="integers", items_help=", e.g. 1,2"),
+    "names": KindRule("value", _names, form="list", items="names", items_help=", comma-separated"),
+    "text": KindRule("value", _text("")), "path": KindRule("value", _text("path "), value_type="file"),
+    "folder": KindRule("value", _text(""), value_type="folder"), "size": KindRule("value", None),
+    "link": KindRule("value", None), "switch": KindRule("switch", _bool, form="flag"),
+    "multiple": KindRule("repeated", _as_given),
 }  # fmt: skip
 """The one switch on :attr:`Option.kind`: every :data:`ValueKind`'s :class:`KindRule`."""
 assert set(KIND_RULES) == set(ValueKind.__args__)  # type: ignore[attr-defined]
@@ -225,7 +268,7 @@ def check_bounds(instance: Any, error: type[Exception]) -> None:
         if opt.bounds is not None and isinstance(value, int | float) and not opt.bounds[0] <= value <= opt.bounds[1]:
             lo, hi = opt.bounds
             raise error(f"{row.flag} {value}: must be from {lo:g} to {hi:g}")
-        if opt.kind == "choice" and value not in opt.choices:
+        if kind_rule(opt).value_type == "choice" and value not in opt.choices:
             raise error(f"{row.flag} {value!r}: use one of {', '.join(opt.choices)}")
 
 

@@ -20,7 +20,32 @@ walks its :class:`RankProgram`:
 - receives are posted, per link (sending rank -> this rank), in the order
   the sender sends (NCCL matches in issue order), far enough ahead to cover
   the next :data:`RECV_WINDOW` steps that read from the link: the window is
-  computed here, so every step's input is posted before it is waited for.
+  computed here, so every step's input is posted before it is waited for;
+- the :attr:`RankProgram.handshake` says how the rank learns each message's
+  sample shape on its first iteration (a shape header received, a stage
+  probed, a header sent).
+
+The program is written in a small fixed instruction set, and an interpreter
+runs it without knowing what a message means (an activation, a gradient or
+anything else a new message kind carries). Buffers are named by a channel and
+a message index, and every step, in order:
+
+1. takes its input: the rows :attr:`Step.rows` of the batch, or the slices
+   :attr:`Input.pieces` of named buffers (waiting for their receives), then
+   releases the buffers :attr:`Input.release`; that is the value :data:`IN`;
+2. posts the receives :attr:`Step.posts` (peer, tag, a buffer whose shape is
+   its channel's :attr:`Channel.shape` times the message's samples);
+3. runs its action (if any) on :data:`IN`: its result is :data:`OUT`, and a
+   last stage's forward also yields its microbatch's loss, :data:`LOSS`;
+4. hands each of its :attr:`Step.outputs` the value it names: into a named
+   buffer (:class:`Handoff`), to a peer under a tag (:class:`Send`), or to the
+   caller under a name (:class:`Publish`). A value that is missing (a stage
+   whose input takes no gradient) goes as zeros of the output's shape and
+   samples.
+
+A new message kind is therefore written here alone: its channel (shape,
+sizes), its receives in the link order, the step that reads it, and the
+output that sends it.
 
 Pure and deterministic, no torch; linear in the plan (one merge per pair of
 neighbouring stages, one pass over every rank's list). Programs are frozen
@@ -40,11 +65,12 @@ from umsearch.core.actions import (
     consumer_stage,
     indexed_list,
     on_forward_list,
+    sent_boundary,
     source_stage,
 )
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import RUNS
-from umsearch.core.samples import all_overlaps
+from umsearch.core.samples import all_overlaps, cumulative
 from umsearch.errors import PlanError
 
 RECV_WINDOW = 2
@@ -55,6 +81,24 @@ MAX_TAG = 0x7FFF_FFFE
 
 Piece = tuple[int, int, int]
 """``(message, offset in the message, count)``: one slice of a receiver microbatch."""
+
+BATCH = -1
+"""The shape slot of the batch's samples (stage 0's input); slot ``j >= 0`` is stage ``j``'s output's."""
+
+IN, OUT, LOSS = "in", "out", "loss"
+"""The values a step has (module docstring): its input, its action's result, a last stage forward's loss."""
+
+
+@dataclass(frozen=True, slots=True)
+class FixedShape:
+    """A sample shape known without a handshake: ``dims`` of ``dtype`` (a torch dtype's name, ``"float32"``)."""
+
+    dims: tuple[int, ...]
+    dtype: str
+
+
+Shape = int | FixedShape
+"""A message's sample shape: a slot the handshake fills (:data:`BATCH`, or a stage's output) or a fixed one."""
 
 
 def tag(stage: int, gradient: bool, mb: int, num_stages: int) -> int:
@@ -107,10 +151,21 @@ class Channel:
     """Samples of each message (the sender's forward list, or backward list for gradients)."""
     header_tag: int
     """The tag of the sender's shape header (remote channels of activations only read it)."""
+    shape: Shape
+    """The sample shape of its messages: the boundary tensor between the two stages (an activation, or its
+    gradient), i.e. the lower stage's output."""
 
     def message(self, m: int) -> str:
         """The name of message ``m`` (:func:`message_name`)."""
         return message_name(self.sender, self.gradient, m)
+
+    def awaited(self, m: int) -> str:
+        """Message ``m`` as a wait for it names it: ``activation message 0F3 from rank 0``."""
+        return f"{self.message(m)} from rank {self.sender_rank}"
+
+    def missing(self, m: int) -> str:
+        """Message ``m`` as a step that runs before it was made names it (a local hand-off, out of order)."""
+        return f"{self.message(m).split()[-1]} on the same rank, whose {'gradient' if self.gradient else 'output'} it needs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,44 +196,99 @@ class Input:
 
 @dataclass(frozen=True, slots=True)
 class Handoff:
-    """The output stays on this rank: message :attr:`message` of channel :attr:`channel`."""
+    """The value stays on this rank: message :attr:`message` of channel :attr:`channel`."""
 
     channel: int
     message: int
+    shape: Shape
+    """Its sample shape and :attr:`count` samples: what zeros stand in for a missing value."""
+    count: int
+    value: str = OUT
+    """Which of the step's values (:data:`OUT`, :data:`LOSS`, :data:`IN`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """The output goes to rank :attr:`peer` under :attr:`tag`."""
+    """The value goes to rank :attr:`peer` under :attr:`tag`."""
 
     peer: int
     tag: int
     name: str
     """What it is, for errors: ``activation message 0F3``."""
+    shape: Shape
+    """Its sample shape and :attr:`count` samples: what zeros stand in for a missing value."""
+    count: int
+    value: str = OUT
+    """Which of the step's values (:data:`OUT`, :data:`LOSS`, :data:`IN`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """The value goes to the interpreter's caller, appended to the list under :attr:`name` (per iteration)."""
+
+    name: str
+    value: str = IN
+
+
+Output = Handoff | Send | Publish
+"""Where one of a step's values goes."""
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One action of the rank, with its communication."""
+    """One action of the rank (or none: a step that only moves messages), with its communication."""
 
-    action: Action
+    action: Action | None
     input: Input | None
-    """None: it reads the batch (stage 0's forwards), its own loss or its own ``I``."""
+    """None: it reads :attr:`rows` of the batch (stage 0's forwards), its own loss or its own ``I``."""
     posts: tuple[Receive, ...]
     """Receives to post once the input is taken (the window moves on)."""
-    output: Handoff | Send | None
-    """Where its output (or input gradient) goes; None: it sends nothing."""
+    outputs: tuple[Output, ...]
+    """Where its values go, in this order."""
     ends_backward_of: int | None
     """The stage whose gradients are complete once this step has run (its last ``B`` or ``W``)."""
+    rows: tuple[int, int] | None = None
+    """``(first, count)``: the rows of the batch it reads (without an :attr:`input`)."""
+
+    @property
+    def output(self) -> Output | None:
+        """Its first output (an action's output or input gradient goes there); None: it sends nothing."""
+        return self.outputs[0] if self.outputs else None
+
+
+@dataclass(frozen=True, slots=True)
+class LearnShape:
+    """Handshake: receive the header of shape slot :attr:`slot` from rank :attr:`peer` under :attr:`tag`."""
+
+    slot: int
+    peer: int
+    tag: int
+    what: str
+    """What it is, for errors: ``the shape header of stage 1 from rank 1``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeShape:
+    """Handshake: learn stage :attr:`stage`'s output shape (its slot) by running it on one sample of slot
+    :attr:`input` (:data:`BATCH`: the batch's first sample; otherwise zeros)."""
+
+    stage: int
+    input: int
+    what: str
+    """What it is, for errors: ``the output of stage 0 (layer 3)``."""
 
 
 @dataclass(frozen=True, slots=True)
 class HeaderSend:
-    """Tell rank :attr:`peer` the sample shape of stage :attr:`stage`'s output, under :attr:`tag`."""
+    """Handshake: tell rank :attr:`peer` the sample shape of stage :attr:`stage`'s output, under :attr:`tag`."""
 
     stage: int
     peer: int
     tag: int
+
+
+Handshake = LearnShape | ProbeShape | HeaderSend
+"""One operation of the first iteration's shape handshake."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,14 +308,19 @@ class RankProgram:
     prelude: tuple[Receive, ...]
     """Receives to post before the iteration's barrier."""
     steps: tuple[Step, ...]
-    headers: tuple[HeaderSend, ...]
-    """Shape headers it sends (once, at its first iteration), in stage order."""
+    handshake: tuple[Handshake, ...]
+    """How it learns its messages' shapes and tells its peers theirs (once, at its first iteration), in order."""
     forward_only: bool
+
+    @property
+    def headers(self) -> tuple[HeaderSend, ...]:
+        """Shape headers it sends, in stage order."""
+        return tuple(h for h in self.handshake if isinstance(h, HeaderSend))
 
     @property
     def actions(self) -> tuple[Action, ...]:
         """Its actions, in list order."""
-        return tuple(s.action for s in self.steps)
+        return tuple(s.action for s in self.steps if s.action is not None)
 
     @property
     def receives(self) -> tuple[Receive, ...]:
@@ -215,7 +330,7 @@ class RankProgram:
     @property
     def sends(self) -> tuple[Send, ...]:
         """Every send, in sending order."""
-        return tuple(s.output for s in self.steps if isinstance(s.output, Send))
+        return tuple(o for s in self.steps for o in s.outputs if isinstance(o, Send))
 
 
 def check_tags(plan: Plan) -> None:
@@ -286,7 +401,7 @@ def _channels(plan: Plan, rank: int, actions: tuple[Action, ...]) -> tuple[list[
             index[(j, gradient)] = len(channels)
             channels.append(Channel(stage=j, gradient=gradient, sender=src, sender_rank=st[src].rank,
                                     local=st[src].rank == rank, sizes=tuple(theirs),
-                                    header_tag=tag(src, False, -1, S)))  # fmt: skip
+                                    header_tag=tag(src, False, -1, S), shape=min(j, src)))  # fmt: skip
             parts.append(p)
             release.append(releases(p, order.get((j, gradient), []), len(theirs)))
     return channels, parts, release, index
@@ -335,7 +450,7 @@ class _Link:
 
 def _lower_rank(plan: Plan, rank: int, actions: tuple[Action, ...],
                 arrivals: dict[int, list[tuple[int, bool, int]]], forward_only: bool) -> RankProgram:  # fmt: skip
-    S, st = plan.num_stages, plan.stages
+    S = plan.num_stages
     channels, parts, release, index = _channels(plan, rank, actions)
     links: dict[int, _Link] = {}
     seq: list[list[int]] = [[-1] * len(ch.sizes) for ch in channels]  # each message's place in its link's order
@@ -349,7 +464,7 @@ def _lower_rank(plan: Plan, rank: int, actions: tuple[Action, ...],
     inputs: list[Input | None] = []
     for pos, a in enumerate(actions):
         if a.source(S) is None:
-            inputs.append(None)
+            inputs.append(None)  # the batch (a forward), its own loss or its own I
             continue
         c = index[(a.stage, not a.is_forward)]
         inputs.append(Input(channel=c, pieces=tuple(parts[c][a.mb]), release=tuple(release[c][a.mb])))
@@ -363,22 +478,54 @@ def _lower_rank(plan: Plan, rank: int, actions: tuple[Action, ...],
         link.post_ahead(0, prelude)
     last = {a.stage: pos for pos, a in enumerate(actions) if a.ends_backward}
     ends = {pos: j for j, pos in last.items()}
+    firsts: dict[int, list[int]] = {}
     steps = []
     for pos, a in enumerate(actions):
         posts: list[Receive] = []
         for link in links.values():
             link.post_ahead(pos + 1, posts)
-        steps.append(Step(action=a, input=inputs[pos], posts=tuple(posts), output=_output(plan, rank, a, index),
-                          ends_backward_of=ends.get(pos)))  # fmt: skip
-    headers = tuple(
-        HeaderSend(stage=j, peer=st[dst].rank, tag=tag(j, False, -1, S))
-        for j in plan.stages_of(rank)
-        if (dst := consumer_stage(_SENDER[False], j, S)) >= 0 and st[dst].rank != rank
-    )
+        out = _output(plan, rank, a, index)
+        steps.append(Step(action=a, input=inputs[pos], posts=tuple(posts), outputs=() if out is None else (out,),
+                          ends_backward_of=ends.get(pos), rows=_rows(plan, a, inputs[pos], firsts)))  # fmt: skip
     return RankProgram(rank=rank, num_stages=S, stages=plan.stages_of(rank), channels=tuple(channels),
                        activations={j: c for (j, g), c in index.items() if not g},
                        gradients={j: c for (j, g), c in index.items() if g}, prelude=tuple(prelude),
-                       steps=tuple(steps), headers=headers, forward_only=forward_only)  # fmt: skip
+                       steps=tuple(steps), handshake=_handshake(plan, rank, channels, index),
+                       forward_only=forward_only)  # fmt: skip
+
+
+def _rows(plan: Plan, a: Action, inp: Input | None, firsts: dict[int, list[int]]) -> tuple[int, int] | None:
+    """The rows of the batch ``a`` reads: a forward with no input channel (stage 0's) reads its microbatch's.
+    ``firsts``: each stage's first sample per forward microbatch, filled on first need."""
+    if inp is not None or not a.is_forward:
+        return None
+    sizes = plan.stages[a.stage].forward
+    if a.stage not in firsts:
+        firsts[a.stage] = cumulative(sizes)
+    return firsts[a.stage][a.mb], sizes[a.mb]
+
+
+def _handshake(plan: Plan, rank: int, channels: list[Channel], index: dict[tuple[int, bool], int]) -> tuple[Handshake, ...]:  # fmt: skip
+    """Stage by stage: learn its input's shape (a header from another rank), probe its output's if that goes on
+    (and its gradient comes back), and tell the next stage's rank when that is another rank."""
+    S, st = plan.num_stages, plan.stages
+    ops: list[Handshake] = []
+    for j in plan.stages_of(rank):
+        c = index.get((j, False))
+        source = BATCH if c is None else channels[c].sender  # an activation has its sender's output's shape
+        if c is not None and not channels[c].local:
+            ch = channels[c]
+            ops.append(LearnShape(slot=source, peer=ch.sender_rank, tag=ch.header_tag,
+                                  what=f"the shape header of stage {ch.sender} from rank {ch.sender_rank}"))  # fmt: skip
+        if (j, True) not in index:
+            continue
+        boundary = sent_boundary(_SENDER[False], st[j].lo, st[j].hi)
+        ops.append(ProbeShape(stage=j, input=source,
+                              what=f"the output of stage {j} (layer {boundary})"))  # fmt: skip
+        dst = consumer_stage(_SENDER[False], j, S)
+        if dst >= 0 and st[dst].rank != rank:
+            ops.append(HeaderSend(stage=j, peer=st[dst].rank, tag=tag(j, False, -1, S)))
+    return tuple(ops)
 
 
 def _output(plan: Plan, rank: int, a: Action, index: dict[tuple[int, bool], int]) -> Handoff | Send | None:
@@ -389,6 +536,8 @@ def _output(plan: Plan, rank: int, a: Action, index: dict[tuple[int, bool], int]
         return None
     gradient = not a.is_forward
     dst = plan.stages[to].rank
+    shape, count = min(a.stage, to), a.size(plan.stages[a.stage].forward, plan.stages[a.stage].backward)
     if dst == rank:
-        return Handoff(channel=index[(to, gradient)], message=a.mb)
-    return Send(peer=dst, tag=tag(a.stage, gradient, a.mb, S), name=message_name(a.stage, gradient, a.mb))
+        return Handoff(channel=index[(to, gradient)], message=a.mb, shape=shape, count=count)
+    return Send(peer=dst, tag=tag(a.stage, gradient, a.mb, S), name=message_name(a.stage, gradient, a.mb),
+                shape=shape, count=count)  # fmt: skip

@@ -36,7 +36,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from umsearch.core.deps import check_deadlock
 from umsearch.core.plan import Plan
+from umsearch.core.plan_rules import validate_plan
 from umsearch.runtime.config import RunConfig
 from umsearch.runtime.model_source import ModelFactory
 from umsearch.runtime.run_plan import StepResult, merge_step
@@ -129,6 +131,7 @@ class _ScheduleJob:
     def __init__(self, plan: Plan, schedule: str | None, shared: _Shared) -> None:
         from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
+        from umsearch.runtime.checkpointing import stage_layers
         from umsearch.runtime.plan_schedule import PlanSchedule
         from umsearch.runtime.zero1 import make_optimizer
 
@@ -140,12 +143,16 @@ class _ScheduleJob:
         self.records = schedule is None  # PlanSchedule brings back every action's times
         if schedule is None:
             self.sched: Any = PlanSchedule(stages, plan, self.model.loss, precision=shared.cfg.precision,
-                                           comm=shared.comm(plan) if plan.ranks > 1 else None)  # fmt: skip
+                                           comm=shared.comm(plan) if plan.ranks > 1 else None,
+                                           checked=True)  # the launcher's checked Plan, pickled  # fmt: skip
         else:
             cls = get_schedule_class(schedule)
             multi = issubclass(cls, PipelineScheduleMulti)
             self.sched = cls(stages if multi else stages[0], len(plan.stages[0].forward), loss_fn=self.model.loss)
         self.opt = make_optimizer(shared.cfg.optimizer, shared.cfg.lr, [list(m.parameters()) for m in mods])
+        # torch's schedules know nothing of ``recompute``: a peer plan with full activation checkpointing runs
+        # with every layer of its recomputing stages checkpointed (PlanSchedule recomputes them itself).
+        self.ac_layers = stage_layers(mods, [plan.stages[j].recompute for j in mine]) if schedule else []
 
     def step(self, step: int) -> Any:
         """Iteration ``step`` (its batch fixed by the run's seed): PlanSchedule's stats with the wall time as
@@ -153,14 +160,17 @@ class _ScheduleJob:
         import torch
         import torch.distributed as dist
 
+        from umsearch.runtime.checkpointing import checkpointed
+
         x, y = self.model.make_batch(self.plan.global_batch,
                                      torch.Generator().manual_seed(self.cfg.batch_seed(step)))  # fmt: skip
         if self.opt is not None:
             self.opt.zero_grad(set_to_none=True)
         dist.barrier()
         t0 = time.perf_counter()
-        self.sched.step(*((x,) if self.first else ()), target=y if self.last else None,
-                        losses=[] if self.last else None)  # fmt: skip
+        with checkpointed(self.ac_layers):
+            self.sched.step(*((x,) if self.first else ()), target=y if self.last else None,
+                            losses=[] if self.last else None)  # fmt: skip
         if self.opt is not None:
             self.opt.step()
         ms = (time.perf_counter() - t0) * 1e3
@@ -248,6 +258,8 @@ def machine(factory: ModelFactory, cfg: RunConfig) -> MeasureFn:
         if len(ranks) != 1:
             raise ValueError(f"contenders on different rank counts {sorted(ranks)} cannot run in one launch")
         world = ranks.pop()
+        for e in entries:  # checked here, once (a plan passed before costs nothing); the ranks check none
+            check_deadlock(validate_plan(e.plan))
         jobs = [(e.runtime, e.plan, e.schedule) for e in entries]  # checked Plans, pickled to the ranks
         got: list[RankRounds] = launch(measured_worker, world, (jobs, factory, cfg, rounds), cfg.launch)
         per_rank = [g.rounds for g in got]

@@ -26,6 +26,7 @@ from umsearch.core.options import (
     float_in,
     int_at_least,
     int_in,
+    kind_rule,
     nonempty,
     one_of,
     option,
@@ -239,13 +240,7 @@ def flags(scope: Scope | None = None) -> tuple[Setting, ...]:
 
 def field_value(row: Setting, raw: Any) -> Any:
     """The field value of what a parser gave for ``row`` (a parsed value, a switch's bool, a list)."""
-    kind = row.option.kind
-    if kind == "switch":
-        present = bool(raw)
-        return (not present) if row.option.invert else present
-    if kind == "multiple":
-        return tuple(raw or ())
-    return raw
+    return kind_rule(row.option).field_value(row.option, raw)
 
 
 def configs_from_values(values: Mapping[str, Any]) -> tuple[RunConfig, ModelChoice]:
@@ -270,14 +265,5 @@ def to_argv(run: RunConfig, model: ModelChoice | None = None, scope: Scope = "ra
     model = model or ModelChoice()
     argv: list[str] = []
     for row in flags(scope):
-        value = _value_of(row, run, model)
-        opt = row.option
-        if opt.kind == "switch":
-            if value is (not opt.invert):
-                argv.append(row.flag)
-        elif opt.kind == "multiple":
-            argv += [f"{row.flag}={opt.show(v)}" for v in value]
-        elif value is not None or row.default is not None:
-            # None is absent only where it is the default (--threads 0 means None, default 1).
-            argv.append(f"{row.flag}={opt.show(value)}")
+        argv += kind_rule(row.option).argv(row, _value_of(row, run, model))
     return argv

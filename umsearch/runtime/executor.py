@@ -9,11 +9,16 @@ loss (:mod:`umsearch.runtime.stage` does the compute; this module decides
 what runs when, and moves tensors).
 
 The executor routes nothing itself: which slices of which messages build
-each input, under which tag each message goes, what may be dropped and when
-each receive is posted are its rank's :class:`~umsearch.core.program.RankProgram`
+each input, under which tag each message goes, what may be dropped, when
+each receive is posted and how the shapes are learned are its rank's
+:class:`~umsearch.core.program.RankProgram`
 (:func:`~umsearch.core.program.lower_rank`, or given to the constructor by a
-caller that lowered the plan once). Per iteration all ranks meet at a
-barrier, then the rank runs its program's steps in list order:
+caller that lowered the plan once), written in the program's small fixed
+instruction set (:mod:`umsearch.core.program`'s docstring), which this module
+interprets without knowing what a message means: a new kind of message is
+written in the program alone. Per iteration all ranks meet at a
+barrier, then the rank runs its program's steps in list order; for the
+activations and gradients of a plan that means:
 
 - ``jFk`` takes its input from the batch (stage 0), from the outputs of stage
   ``j-1``'s forwards (same rank: local tensors, no message) or from stage
@@ -65,9 +70,26 @@ from umsearch.core.actions import Action, ActionRecord
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.program import (
+    BATCH,
+    IN,
+    LOSS,
+    OUT,
+    FixedShape,
+    HeaderSend,
+    Input,
+    LearnShape,
+    Output,
+    Publish,
+    RankProgram,
+    Receive,
+    Send,
+    Shape,
+    Step,
+    lower_rank,
+)
+from umsearch.core.program import (
     RECV_WINDOW as RECV_WINDOW,  # re-exported: the executor's window and tags
 )
-from umsearch.core.program import Handoff, Input, RankProgram, Receive, Send, Step, lower_rank
 from umsearch.core.program import tag as tag
 from umsearch.errors import PlanError, RuntimeExecutionError
 from umsearch.nn.precision import LossScaler, Precision
@@ -201,12 +223,14 @@ class StageExecutor:
         last = {step.ends_backward_of: i for i, step in enumerate(program.steps) if step.ends_backward_of is not None}
         self.synced = synced_by_stage(dict(self.stages), last)
         n = len(program.channels)
-        self.shapes: list[SampleShape | None] = [None] * n
+        self.shapes: dict[int, SampleShape] = {}
+        """Shape slot -> what the handshake learned (:data:`~umsearch.core.program.BATCH`, a stage's output)."""
         self.buffers: list[dict[int, torch.Tensor]] = [{} for _ in range(n)]
         self.handles: list[dict[int, Handle]] = [{} for _ in range(n)]
         self.shapes_known = False
-        self.in_shapes: dict[int, SampleShape] = {}
         self.sends: dict[int, deque[tuple[Handle, torch.Tensor, str]]] = {}
+        self.published: dict[str, list[torch.Tensor]] = {}
+        """What the program's :class:`~umsearch.core.program.Publish` outputs handed over in the last iteration."""
 
     # ------------------------------------------------------------------ setup
     def _stage_computes(self, modules: Sequence[torch.nn.Module], loss_fn: LossFn | None, layer_timing: bool,
@@ -242,39 +266,42 @@ class StageExecutor:
                 "the ranks wait on each other: a deadlock the plan check missed, or --timeout is too short)"
             ) from None
 
+    def _shape(self, shape: Shape) -> SampleShape:
+        """A program's sample shape: a fixed one, or the slot the handshake filled."""
+        if isinstance(shape, FixedShape):
+            return SampleShape(dims=shape.dims, dtype=getattr(torch, shape.dtype))
+        return self.shapes[shape]
+
     def _post(self, receives: Sequence[Receive]) -> None:
-        """Post ``receives`` (the program's window says which, and when)."""
+        """Post ``receives`` (the program's window says which, and when), each into its named buffer."""
         for r in receives:
-            shape = self.shapes[r.channel]
-            assert shape is not None
-            buf = shape.empty(self.program.channels[r.channel].sizes[r.message], self.device)
+            ch = self.program.channels[r.channel]
+            buf = self._shape(ch.shape).empty(ch.sizes[r.message], self.device)
             self.buffers[r.channel][r.message] = buf
             self.handles[r.channel][r.message] = self._comm().irecv(r.peer, buf, r.tag)
 
-    def _take(self, inp: Input, a: Action) -> torch.Tensor:
-        """The input (activations or gradient) of action ``a``: wait, assemble, release."""
+    def _take(self, inp: Input, step: Step) -> torch.Tensor:
+        """The input of ``step``: wait for its pieces' receives, assemble the slices, release."""
         ch = self.program.channels[inp.channel]
         buffers, handles = self.buffers[inp.channel], self.handles[inp.channel]
-        if ch.local:
-            missing = [m for m, _, _ in inp.pieces if m not in buffers]
-            if missing:
-                raise RuntimeExecutionError(
-                    f"rank {self.rank} runs {a} before {ch.message(missing[0]).split()[-1]} on the same rank, "
-                    f"whose {'gradient' if ch.gradient else 'output'} it needs: the plan deadlocks"
-                )
-        else:
-            for m, _, _ in inp.pieces:
-                handle = handles.pop(m, None)
-                if handle is not None:
-                    self._wait(handle, f"{ch.message(m)} from rank {ch.sender_rank}, needed by {a}")
+        for m, _, _ in inp.pieces:
+            handle = handles.pop(m, None)
+            if handle is not None:
+                self._wait(handle, f"{ch.awaited(m)}, needed by {step.action}")
+            elif m not in buffers:  # neither posted nor handed over: a local hand-off comes later
+                raise RuntimeExecutionError(f"rank {self.rank} runs {step.action} before {ch.missing(m)}: "
+                                            "the plan deadlocks")  # fmt: skip
         out = assemble(buffers, inp.pieces)
         for m in inp.release:
             buffers.pop(m, None)
         return out
 
-    def _deliver(self, output: Handoff | Send, t: torch.Tensor) -> None:
-        """Hand an output (or input gradient) on: a local hand-off, or an ``isend``."""
-        if isinstance(output, Handoff):
+    def _deliver(self, output: Output, t: torch.Tensor) -> None:
+        """Hand a value on: into a named buffer, to the caller, or an ``isend``."""
+        if isinstance(output, Publish):
+            self.published.setdefault(output.name, []).append(t)
+            return
+        if not isinstance(output, Send):
             self.buffers[output.channel][output.message] = t
             return
         t = t.contiguous()
@@ -286,38 +313,25 @@ class StageExecutor:
 
     # --------------------------------------------------------------- shapes
     def _handshake(self, inputs: torch.Tensor | None, kwargs: dict[str, Any]) -> None:
-        """Learn every stage's input and output sample shapes; tell other ranks theirs (in stage order)."""
-        st, prog = self.plan.stages, self.program
-        out_shape: dict[int, SampleShape] = {}
+        """Run the program's handshake: learn the shape slots (headers received, stages probed), send headers."""
+        if inputs is not None:
+            self.shapes[BATCH] = of_tensor(inputs, "the inputs")
         sent: list[tuple[Handle, torch.Tensor, str]] = []
-        headers = {h.stage: h for h in prog.headers}
-        for j in self.mine:
-            c = prog.activations.get(j)
-            if c is None:
-                assert inputs is not None
-                in_shape, sample = of_tensor(inputs, "the inputs"), inputs[:1]
+        for op in self.program.handshake:
+            if isinstance(op, LearnShape):
+                header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.device)
+                self._wait(self._comm().irecv(op.peer, header, op.tag), op.what)
+                self.shapes[op.slot] = decode(header)
+            elif isinstance(op, HeaderSend):
+                header = encode(self.shapes[op.stage]).to(self.device)
+                sent.append((self._comm().isend(op.peer, header, op.tag), header,
+                             f"rank {op.peer} to take the shape header of stage {op.stage}"))  # fmt: skip
             else:
-                ch = prog.channels[c]
-                if ch.local:
-                    in_shape = out_shape[ch.sender]
-                else:
-                    header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.device)
-                    self._wait(self._comm().irecv(ch.sender_rank, header, ch.header_tag),
-                               f"the shape header of stage {ch.sender} from rank {ch.sender_rank}")  # fmt: skip
-                    in_shape = decode(header)
-                sample = in_shape.empty(1, self.device).zero_()
-                self.shapes[c] = in_shape
-            self.in_shapes[j] = in_shape
-            if j in prog.gradients:  # its output goes on, and its gradient comes back
-                where = f"the output of stage {j} (layer {Action(j, 'F', 0).sent_boundary(st[j].lo, st[j].hi)})"
+                assert inputs is not None or op.input != BATCH
+                sample = inputs[:1] if inputs is not None and op.input == BATCH else \
+                    self.shapes[op.input].empty(1, self.device).zero_()  # fmt: skip
                 with self.precision.autocast(self.device):  # the dtype the stage really sends
-                    out_shape[j] = probe(self.stages[j].module, sample, where, rows_of(kwargs, 0, 1))
-                self.shapes[prog.gradients[j]] = out_shape[j]  # the gradient it gets back is its output's
-                h = headers.get(j)
-                if h is not None:
-                    header = encode(out_shape[j]).to(self.device)
-                    sent.append((self._comm().isend(h.peer, header, h.tag), header,
-                                 f"rank {h.peer} to take the shape header of stage {j}"))  # fmt: skip
+                    self.shapes[op.stage] = probe(self.stages[op.stage].module, sample, op.what, rows_of(kwargs, 0, 1))
         for handle, _, what in sent:
             self._wait(handle, what)
         self.shapes_known = True
@@ -359,15 +373,16 @@ class StageExecutor:
             self.tied.begin()
         if not self.shapes_known:
             self._handshake(x_all, kwargs)
-        elif x_all is not None and of_tensor(x_all, "the inputs") != self.in_shapes[0]:
+        elif x_all is not None and of_tensor(x_all, "the inputs") != self.shapes[BATCH]:
             raise RuntimeExecutionError(
-                f"inputs changed shape from {self.in_shapes[0]} to {of_tensor(x_all, 'the inputs')}; "
+                f"inputs changed shape from {self.shapes[BATCH]} to {of_tensor(x_all, 'the inputs')}; "
                 "make a new StageExecutor for a new input shape"
             )
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         for s in self.stages.values():
             s.start_iteration(y_all if s.last else None, kwargs)
+        self.published = {}
         self._post(self.program.prelude)
         if self.comm is not None:
             self.comm.barrier()
@@ -379,7 +394,9 @@ class StageExecutor:
                 done = step.ends_backward_of
                 if done is not None and sync is not None:  # its buckets all-reduce during this step
                     sync.arm(done, self.synced[done], self.plan.bucket_mib)
-                stamps.append(self._run_step(step, x_all))
+                stamp = self._run_step(step, x_all)
+                if stamp is not None:
+                    stamps.append(stamp)
                 if done is not None and sync is not None:
                     sync.start(done, self.synced[done].params)
         for pending in self.sends.values():
@@ -414,35 +431,49 @@ class StageExecutor:
         # A weight tied between two stages of this rank is one parameter: unscaled once.
         return list({id(p): p for s in self.stages.values() for p in s.module.parameters()}.values())
 
-    def _run_step(self, step: Step, x_all: torch.Tensor | None) -> tuple[int, int]:
-        """Run one step of the program; its start and end stamps."""
+    def _run_step(self, step: Step, x_all: torch.Tensor | None) -> tuple[int, int] | None:
+        """Run one step of the program (core/program.py's four parts, in order); its action's start and end
+        stamps (None: a step without an action)."""
+        if step.input is not None:
+            x = self._take(step.input, step)
+        elif step.rows is not None:
+            assert x_all is not None
+            x = x_all.narrow(0, *step.rows)
+        else:
+            x = None
+        start = self.clock.stamp()
+        self._post(step.posts)
         a = step.action
+        out = self._compute(a, x) if a is not None else None
+        for o in step.outputs:
+            t = self._value(o.value, a, x, out)
+            if t is None and not isinstance(o, Publish):  # no gradient reached the input: zeros go
+                t = self._shape(o.shape).empty(o.count, self.device).zero_()
+            if t is not None:
+                self._deliver(o, t.reshape(1) if t.dim() == 0 else t)
+        return (start, self.clock.stamp()) if a is not None else None
+
+    def _compute(self, a: Action, x: torch.Tensor | None) -> torch.Tensor | None:
+        """Run action ``a`` on its stage: a forward's output, a ``B``/``I``'s input gradient, a ``W``'s nothing."""
         stage = self.stages[a.stage]
         if a.is_forward:
-            if step.input is None:
-                assert x_all is not None
-                x = x_all.narrow(0, stage.cf[a.mb], stage.stage.forward[a.mb])
-            else:
-                x = self._take(step.input, a)
-            start = self.clock.stamp()
-            self._post(step.posts)
-            out = stage.forward(a.mb, x)
-            if out is not None and step.output is not None:
-                self._deliver(step.output, out)
-        elif a.sends_gradient:
-            grad = self._take(step.input, a) if step.input is not None else None
-            start = self.clock.stamp()
-            self._post(step.posts)
-            g = stage.backward(a.mb, grad, split=a.is_split)
-            if step.output is not None:
-                if g is None:
-                    g = self.in_shapes[a.stage].empty(stage.stage.backward[a.mb], self.device).zero_()
-                self._deliver(step.output, g)
-        else:
-            start = self.clock.stamp()
-            self._post(step.posts)
-            stage.weight(a.mb)
-        return start, self.clock.stamp()
+            assert x is not None
+            return stage.forward(a.mb, x)
+        if a.sends_gradient:
+            return stage.backward(a.mb, x, split=a.is_split)
+        stage.weight(a.mb)
+        return None
+
+    def _value(self, name: str, a: Action | None, x: torch.Tensor | None,
+               out: torch.Tensor | None) -> torch.Tensor | None:  # fmt: skip
+        """The step's value ``name``: its input, its action's result, or a last stage forward's loss."""
+        if name == IN:
+            return x
+        if name == OUT:
+            return out
+        if name == LOSS and a is not None:
+            return self.stages[a.stage].run.losses.get(a.mb)
+        raise RuntimeExecutionError(f"the program hands on a value {name!r} that the step of {a} does not have")
 
     def _stats(self, stamps: list[tuple[int, int]], reduced: int | None) -> IterationStats:
         times = self.clock.elapsed_ms()

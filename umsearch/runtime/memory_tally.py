@@ -24,8 +24,9 @@ counter at all, so :class:`MemoryTally` counts the model's terms themselves:
   low-precision copies of weights) counts, as there.
 - **parameters**, each storage once (a weight tied between two stages of the rank, once);
 - **gradients**, counted from when each first appears
-  (``register_post_accumulate_grad_hook``); gradients present when the tally
-  starts count from the start;
+  (``register_post_accumulate_grad_hook``; a gradient set by assignment, as
+  torch's split backward sets a weight's, at the next event); gradients
+  present when the tally starts count from the start;
 - **optimizer states**, the tensors of ``optimizer.state`` at the start and at
   the end (an optimizer makes them at its first step; they stay after).
 
@@ -169,6 +170,7 @@ class MemoryTally:
         self._held: dict[StorageKey, dict[Extent, int]] = {}  # storage -> extent -> references
         self._sizes: dict[StorageKey, int] = {}  # storage -> bytes of its extents' union
         self._graded: set[int] = set()
+        self._ungraded: list[torch.Tensor] = []
         self.saved = 0
         self.grads = 0
         self.saved_peak = 0
@@ -181,6 +183,7 @@ class MemoryTally:
 
     # ------------------------------------------------------------------ counting
     def _bump(self) -> None:
+        self._scan_grads()
         self.saved_peak = max(self.saved_peak, self.saved)
         self._peak_dynamic = max(self._peak_dynamic, self.saved + self.grads)
 
@@ -228,11 +231,22 @@ class MemoryTally:
         return token
 
     def _count_grad(self, p: torch.Tensor) -> None:
+        if self._add_grad(p):
+            self._bump()
+
+    def _add_grad(self, p: torch.Tensor) -> bool:
+        """Count ``p``'s gradient once, if it has one now; whether it was counted now."""
         if id(p) in self._graded or p.grad is None:
-            return
+            return False
         self._graded.add(id(p))
         self.grads += p.grad.numel() * p.grad.element_size()
-        self._bump()
+        return True
+
+    def _scan_grads(self) -> None:
+        # torch's split backward sets a weight's gradient by assignment (``weight.grad = dw`` in
+        # pipelining/_backward.py), which no accumulate hook sees: look for such gradients at every event.
+        if self._ungraded:
+            self._ungraded = [p for p in self._ungraded if not self._add_grad(p)]
 
     # ------------------------------------------------------------------ the span
     def __enter__(self) -> MemoryTally:
@@ -240,6 +254,7 @@ class MemoryTally:
             self._count_grad(p)
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._count_grad))
+        self._ungraded = [p for p in self.params if id(p) not in self._graded]
         self._optimizer_start = optimizer_state_bytes(self.optimizer)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
@@ -247,6 +262,7 @@ class MemoryTally:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._bump()  # a gradient assigned after the last saved-tensor event
         self._hooks.__exit__(kind, exc, tb)
         _ACTIVE.reset(self._active)
         for h in self._handles:

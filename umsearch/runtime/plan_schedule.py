@@ -74,18 +74,24 @@ class PlanSchedule(_PipelineSchedule):
     as with any process-group creation). ``tied``: weights shared by stages on different ranks, each as
     ``{stage: parameter name in its module}`` (the same list on every rank; default: the weights the model
     builder marked, :func:`~umsearch.nn.tied.mark_tied`); after each ``step`` their gradients are summed
-    across the ranks that hold them. Every mismatch between the plan and
-    the stages raises :class:`~umsearch.errors.PlanError` naming both.
+    across the ranks that hold them. ``checked``: ``plan`` is a :class:`Plan` that passed
+    :func:`~umsearch.core.plan_rules.validate_plan` and the deadlock check in the process that made it (a
+    launcher handing its ranks the checked plan pickled, as ``tune`` does): it is not checked again. Every
+    mismatch between the plan and the stages raises :class:`~umsearch.errors.PlanError` naming both.
     """
 
     def __init__(self, stages: _PipelineStageBase | Sequence[_PipelineStageBase], plan: PlanLike,
                  loss_fn: Callable[..., torch.Tensor] | None = None, *, scale_grads: bool = True,
                  precision: str | None = None, comm: Comm | None = None,
-                 tied: Sequence[Tie] | None = None) -> None:  # fmt: skip
+                 tied: Sequence[Tie] | None = None, checked: bool = False) -> None:  # fmt: skip
         mine = [stages] if isinstance(stages, _PipelineStageBase) else sorted(stages, key=lambda s: s.stage_index)
-        self.plan = validate_plan(plan) if isinstance(plan, Plan) else \
-            load_plan_file(plan, allow_missing_profile=True).plan  # checked once  # fmt: skip
-        check_deadlock(self.plan)
+        if not isinstance(plan, Plan):  # the gate checks it, deadlock included
+            self.plan = load_plan_file(plan, allow_missing_profile=True).plan
+        elif checked:
+            self.plan = plan
+        else:
+            self.plan = validate_plan(plan)
+            check_deadlock(self.plan)
         self.rank = check_stages(self.plan, mine)
         self._stages = mine
         super().__init__(len(self.plan.stages[-1].forward), loss_fn=loss_fn, scale_grads=scale_grads)

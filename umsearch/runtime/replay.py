@@ -288,7 +288,7 @@ class RankPrediction:
 
 def predict(plan: Plan, cost: CostModel) -> tuple[RankPrediction, ...]:
     """Per rank, the simulator's busy time and peak memory, and every action's duration."""
-    from umsearch.sim.reference import ActionTiming, simulate, state_factor
+    from umsearch.sim.reference import ActionTiming, rank_state_bytes, simulate
 
     sim = simulate(plan, cost)
     if sim.busy_ms is None or sim.peak_memory_bytes is None:
@@ -300,8 +300,7 @@ def predict(plan: Plan, cost: CostModel) -> tuple[RankPrediction, ...]:
         kinds: dict[str, float] = {}
         for a, d in zip(acts, durations, strict=True):
             kinds[a.kind] = kinds.get(a.kind, 0.0) + d
-        state = state_factor(plan, cost) * sum(cost.param_bytes(plan.stages[j].lo, plan.stages[j].hi)
-                                               for j in plan.stages_of(r))  # fmt: skip
+        state = rank_state_bytes(plan, cost, r)  # a weight tied between its stages once
         peak = float(sim.peak_memory_bytes[r])
         out.append(RankPrediction(busy_ms=float(sim.busy_ms[r]), action_ms=durations, kind_ms=kinds, peak_bytes=peak,
                                   state_bytes=state, activation_bytes=peak - state))  # fmt: skip

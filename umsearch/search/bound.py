@@ -32,7 +32,8 @@ Without recomputation the forward list is the backward list; with it, the
 backward reruns the forward on the backward list, so either way every sample
 of layer ``l`` costs at least ``F + B`` at a size ``<= nmax_l``, and the stage
 with the least ``nmax`` runs at least ``ceil(B / nmax)`` backwards, each with
-its runtime overhead. With one rank, that rank holds every layer's state. With ZeRO-1 the caller's tables carry the sharded state
+its runtime overhead. Its fixed stash is resident with it (version 2.3). With one rank, that rank holds every
+layer's state, each tied weight once. With ZeRO-1 the caller's tables carry the sharded state
 factor (:meth:`~umsearch.search.factorize.ClusterPlacement.bound_tables`).
 """
 
@@ -81,15 +82,21 @@ def min_split(per_size: np.ndarray, batch: int) -> np.ndarray:
     return best[batch]
 
 
+def whole_param_bytes(tables: CostTables) -> float:
+    """The parameter bytes of one rank holding every layer: each tied weight once (docs/model.md 5)."""
+    return float(tables.param_prefix[-1]) - sum((len(t.layers) - 1) * t.bytes for t in tables.tied)
+
+
 def max_sizes(tables: CostTables, limit: float, whole: bool = False) -> np.ndarray:
     """(L,) per layer, the largest backward microbatch any plan under ``limit`` bytes per device can run
     through it (``inf`` where its stash is free, below 1 where nothing fits); slightly generous, so
-    rounding never makes it a size too small. ``whole``: one rank holds every layer's state."""
+    rounding never makes it a size too small. ``whole``: one rank holds every layer's state, each tied
+    weight once. A layer's fixed stash (``stash_fixed_bytes``) is resident with its stash."""
     param, stash = np.diff(tables.param_prefix), np.diff(tables.stash_prefix)
     if whole:
-        param = np.full_like(param, tables.param_prefix[-1])
+        param = np.full_like(param, whole_param_bytes(tables))
     # The simulator adds bytes in floating point: a stash far below the state's last bit may vanish.
-    room = limit - tables.state_factor * param + 1e-9 * abs(limit)
+    room = limit - tables.state_factor * param - np.diff(tables.stash_fixed_prefix) + 1e-9 * abs(limit)
     safe = np.where(stash > 0, stash, 1.0)
     with np.errstate(over="ignore", invalid="ignore"):  # tiny stashes: any size fits
         n = np.floor(room / safe * (1 + 1e-9))

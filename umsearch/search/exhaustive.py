@@ -80,22 +80,23 @@ class _Search:
         self.timing = ActionTiming(self.full, cost, self.deps)
         self.dur = {a: self.timing.duration(a) for r in acts for a in r}
         # Memory depends on each rank's list order alone: tracked as actions are committed.
-        self.room = [memory_limit - cost.state_factor * sum(cost.param_bytes(plan.stages[j].lo, plan.stages[j].hi)
-                                                            for j in plan.stages_of(r)) for r in range(plan.ranks)]  # fmt: skip
-        handed = hand_offs(plan)
-        self.terms = [cost.stage_memory(st.lo, st.hi, st.recompute, j > 0 and handed[j - 1], handed[j])
-                      for j, st in enumerate(plan.stages)]  # fmt: skip
+        self.room = [memory_limit - cost.state_factor * cost.rank_param_bytes([(plan.stages[j].lo, plan.stages[j].hi)
+                                                                               for j in plan.stages_of(r)])
+                     for r in range(plan.ranks)]  # fmt: skip
+        self.handed = hand_offs(plan)
         self.delta = {a: self._delta(a) for r in acts for a in r}
         held = [spans(st.forward, st.backward) for st in plan.stages]
         # What must precede an action in its own list (docs/model.md 3).
         self.own = {a: a.must_follow(lambda j, k: held[j][k]) for r in acts for a in r}
 
     def _delta(self, a: Action) -> tuple[float, float]:
-        """(added before the peak, released after) by ``a``: docs/model.md section 5, with its stage's terms
-        (:meth:`~umsearch.core.cost.CostModel.stage_memory`, hand-offs included)."""
-        st = self.plan.stages[a.stage]
+        """(added before the peak, released after) by ``a``: docs/model.md section 5, with its microbatch's
+        sizes (:meth:`~umsearch.core.cost.CostModel.microbatch_memory`: hand-offs and the fixed stash included)."""
+        j, st = a.stage, self.plan.stages[a.stage]
         n = a.size(st.forward, st.backward)
-        return a.memory(st.recompute, *(x * n for x in self.terms[a.stage]))
+        hand_in = j > 0 and self.handed[j - 1]
+        return a.memory(st.recompute, *self.cost.microbatch_memory(st.lo, st.hi, st.recompute, hand_in,
+                                                                    self.handed[j], n))  # fmt: skip
 
     def run(self) -> tuple[float, tuple[tuple[Action, ...], ...] | None]:
         R = self.plan.ranks

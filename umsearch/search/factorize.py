@@ -62,6 +62,11 @@ class Memory:
     """Bytes of training state per parameter byte."""
     limit: float
     """Per-device memory limit (bytes)."""
+    tied_bytes: float = 0.0
+    """Bytes ``param_bytes`` counts more than once: each tied weight's ``(len(layers) - 1) * bytes``
+    (docs/model.md 5, version 2.3)."""
+    stash_fixed_bytes: tuple[float, ...] = ()
+    """Per layer, bytes saved per microbatch whatever its size (empty: none)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -75,17 +80,22 @@ state_factor = device_state_factor
 
 
 def smallest_stage_bytes(mem: Memory, ranks: int, replicas: int, zero1: bool) -> float:
-    """A lower bound on the fullest device's memory of any plan on ``ranks`` ranks: some rank holds
-    at least ``1/R`` of the parameters and the largest layer, and stashes (or rebuilds) at least one
-    sample of the layer with the largest stash."""
-    params = max(sum(mem.param_bytes) / ranks, max(mem.param_bytes))
-    return state_factor(mem.state_factor, replicas, zero1) * params + max(mem.stash_bytes)
+    """A lower bound on the fullest device's memory of any plan on ``ranks`` ranks: the fullest rank holds
+    at least ``1/R`` of the parameters (each tied weight once) and at least the largest layer; and the rank
+    holding layer ``k`` holds its state and, during its backward, at least one sample of its stash (kept or
+    rebuilt). The two may be different ranks, so the bound is the larger, not their sum."""
+    factor = state_factor(mem.state_factor, replicas, zero1)
+    params = max((sum(mem.param_bytes) - mem.tied_bytes) / ranks, max(mem.param_bytes))
+    holding = max(factor * p + s for p, s in zip(mem.param_bytes, mem.stash_bytes, strict=True))
+    return max(factor * params, holding)
 
 
 def comfortable_bytes(mem: Memory, ranks: int, replicas: int, batch: int) -> float:
     """Memory of a rank holding ``1/R`` of the model with all ``B / D`` samples of its replica
-    stashed at once (GPipe's worst case), without ZeRO-1: below the limit, memory never binds."""
-    return mem.state_factor * sum(mem.param_bytes) / ranks + sum(mem.stash_bytes) / ranks * (batch // replicas)
+    stashed at once (GPipe's worst case), without ZeRO-1: below the limit, memory never binds. Every
+    layer's fixed stash counts once per sample, more than any plan saves of it."""
+    per_sample = sum(mem.stash_bytes) / ranks * (batch // replicas)
+    return mem.state_factor * sum(mem.param_bytes) / ranks + per_sample + sum(mem.stash_fixed_bytes) * batch
 
 
 def _same_layouts(ranks: int, replicas: int, cluster: Cluster) -> bool:

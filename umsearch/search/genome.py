@@ -138,7 +138,8 @@ class Rules:
 def _binds(space: SearchSpace, profile: Profile) -> bool:
     lay = profile.layers
     worst = (space.state_factor * sum(x.param_bytes for x in lay) + sum(x.stash_bytes for x in lay) * space.global_batch)
-    return worst / space.ranks > space.memory_limit
+    fixed = sum(x.stash_fixed_bytes for x in lay) * space.global_batch  # version 2.3's per-microbatch part, at most B
+    return worst / space.ranks + fixed > space.memory_limit
 
 
 @dataclass(frozen=True, kw_only=True)

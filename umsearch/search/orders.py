@@ -19,9 +19,12 @@ Otherwise the rank waits for its next input. If every rank waits on a cap
 and nothing is on its way, the earliest such forward goes ahead anyway (a
 relaxation), so generation never deadlocks. Each action starts at
 ``max(end of the rank's previous action, arrival of its inputs)`` and is
-timed with the shared kernels of :mod:`umsearch.sim.kernels`, so the times,
-busy times and memory this returns equal what :func:`umsearch.sim.population.evaluate`
-computes for the generated lists (tested). Memory follows docs/model.md
+timed as the evaluator's loop times it, on the evaluator's own per-candidate
+tables (``population._prepare``: the rules of :mod:`umsearch.core.actions`
+worked out once per stage and kind as slots and 0/1 factors, so no decision
+branches on an action's kind), so the times, busy times and memory this
+returns equal what :func:`umsearch.sim.population.evaluate` computes for the
+generated lists (tested, bit for bit). Memory follows docs/model.md
 section 5 whole: each stage's terms (:func:`stage_memory`) are fixed before
 generation, as its rank, recompute flag and forward list, which decide its
 hand-offs, are genes.
@@ -41,9 +44,38 @@ from numba import get_num_threads, prange
 from umsearch.core.actions import BACKWARD_START, FEEDS, FORWARD_LIST, SPLIT, F, W
 from umsearch.core.cost import CostTables
 from umsearch.search.genome import Genome, Rules
-from umsearch.sim import kernels
 from umsearch.sim.jit import njit
-from umsearch.sim.population import ArrayPlan, FloatArray, IntArray, offsets, stage_memory
+from umsearch.sim.kernels import action_code, memory_delta
+from umsearch.sim.population import (
+    _ADD,
+    _ADD_FIXED,
+    _CROSS,
+    _DST,
+    _F_HI,
+    _F_LO,
+    _FLOAT_COLS,
+    _INT_COLS,
+    _READ_AT,
+    _READ_STEP,
+    _RECV_BYTES,
+    _REL,
+    _REL_FIXED,
+    _RERUN,
+    _SCALE,
+    _SEND_AT,
+    _SEND_BYTES,
+    _SEND_STEP,
+    _SENDS,
+    _SLOT,
+    _T_HI,
+    _T_LO,
+    ArrayPlan,
+    FloatArray,
+    IntArray,
+    _prepare,
+    offsets,
+    stage_memory,
+)
 
 POLICIES = {
     0: "backwards first (deepest stage first), then forwards, deepest stage first",
@@ -54,26 +86,35 @@ POLICIES = {
 }
 """How a rank picks among its ready actions (the genome's per-rank ``policy``)."""
 
-"""By the stage's split flag, the kind code that starts a backward (the kind after a forward, whole or
-split): read off :mod:`umsearch.core.actions`' tables."""
-
 
 # The generator's state, one row per quantity (numba reads these as compile-time constants).
 F_NEXT, B_NEXT, W_NEXT, FORWARDED, BACKWARDED, FORCE = range(6)
-"""``ints[row, j]``, per local stage j: its next forward, backward and ``W`` index; samples forwarded
-and back-propagated; 1 while its next forward may pass the caps (a relaxation)."""
-STAGE_ROWS = 6
+"""``ints[row, j]``, per stage j of the candidate: its next forward, backward and ``W`` index; samples
+forwarded and back-propagated; 1 while its next forward may pass the caps (a relaxation)."""
+N_FWD, N_BWD, STARTS, CAP = range(6, 10)
+"""Then what stays fixed while it is generated: its forward and backward list lengths, the kind code
+its backwards start with (:data:`~umsearch.core.actions.BACKWARD_START` by its split flag), its cap."""
+STAGE_ROWS = 10
 NEXT_ROW = (F_NEXT, B_NEXT, B_NEXT, W_NEXT)
 """By kind code, the row of ``ints`` counting the stage's actions of that kind run so far (a ``B``
 and an ``I`` both run the stage's next backward)."""
-WRITTEN, PENDING_W, WAITING, LOCAL = range(4)
+FORWARDS = tuple(int(FORWARD_LIST[k] != 0) for k in range(4))
+"""By kind code, 1 where it forwards its samples (they are then held until back-propagated)."""
+BACKWARDS = tuple(int(FORWARD_LIST[k] == 0 and FEEDS[k] != 0) for k in range(4))
+"""By kind code, 1 where it back-propagates its samples (a ``B``, or an ``I``: it feeds a stage)."""
+WAITS = tuple(BACKWARDS[k] * SPLIT[k] - int(FORWARD_LIST[k] == 0 and FEEDS[k] == 0) for k in range(4))
+"""By kind code, the change of its rank's waiting weight gradients: +1 an ``I`` (its ``W`` now waits),
+-1 a ``W`` (a backward's weight half, which feeds no stage)."""
+WRITTEN, PENDING_W, WAITING, LOCAL, HELD, TOTAL = range(6)
 """``rint[row, r]``, per rank r: actions written; ``I`` whose ``W`` waits; 1 while it waits for a
-delivery; where its local stages start in ``local`` (``LOCAL`` has R + 1 entries)."""
-RANK_INT_ROWS = 4
+delivery; where its local stages start in ``local`` (``LOCAL`` has R + 1 entries); samples its stages
+hold forwarded but not back-propagated; its actions in all."""
+RANK_INT_ROWS = 6
 DECIDE_AT, LAST_END, LEVEL, BUDGET, WAITED_AT = range(5)
 """``rflt[row, r]``, per rank r: when it decides next; when its last action ended; its activation
 level; its activation budget under the memory limit; when it began to wait."""
 RANK_FLOAT_ROWS = 5
+_u = np.uint64  # an index known not to be negative: no wraparound code
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,12 +224,13 @@ def generate(packed: PackedGenomes, tables: CostTables, memory_limit: float) -> 
     relaxed = np.zeros(n, dtype=np.int64)
     mem, busy = np.zeros(n_ranks), np.zeros(n_ranks)
     t = tables
+    times = np.ascontiguousarray(t.times)
     _generate_all(
         packed.stage_ptr, packed.lo, packed.hi, packed.rank, packed.recompute, t.stage_scale(packed.lo, packed.hi),
         packed.split, packed.cap,
         packed.fwd, packed.fwd_ptr, packed.bwd, packed.bwd_ptr, packed.rank_ptr, packed.rank_cap, packed.w_cap,
-        packed.policy, packed.act_ptr, t.times, t.out_bytes, stage_memory(packed, tables), t.param_prefix,
-        t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms,
+        packed.policy, packed.act_ptr, times.reshape(-1), times.shape[1], times.shape[2], t.out_bytes,
+        stage_memory(packed, tables), t.latency_ms, t.ms_per_byte, t.op_overhead_ms, t.message_overhead_ms,
         t.message_overhead_ms_per_byte, t.state_factor,
         memory_limit, act, it, top, mem, busy, relaxed, min(n, 4 * get_num_threads()),
     )  # fmt: skip
@@ -199,129 +241,77 @@ def generate(packed: PackedGenomes, tables: CostTables, memory_limit: float) -> 
 @njit(cache=True, parallel=True)
 def _generate_all(  # type: ignore[no-untyped-def]
     stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
-    policy, act_ptr, times, out_bytes, stage_mem, param_prefix, latency, ms_per_byte, op_oh, msg_oh,
+    policy, act_ptr, times, sizes, layers, out_bytes, stage_mem, latency, ms_per_byte, op_oh, msg_oh,
     msg_per_byte, state_factor, memory_limit, act, it, top, mem, busy, relaxed, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
-    max_s = max_r = max_g = 1
+    max_s = max_r = max_g = max_b = 1  # scratch sizes: the largest candidate's, the most samples of a list
+    for g in range(fwd_ptr.shape[0] - 1):
+        f_batch = b_batch = 0
+        for q in range(fwd_ptr[g], fwd_ptr[g + 1]):
+            f_batch += fwd[q]
+        for q in range(bwd_ptr[g], bwd_ptr[g + 1]):
+            b_batch += bwd[q]
+        max_b = max(max_b, f_batch, b_batch)
     for c in range(n):
         s0, s1 = stage_ptr[c], stage_ptr[c + 1]
         max_g = max(max_g, s1 - s0)
         max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
-        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0])
+        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + 2 * (s1 - s0) + 2)
+    # Candidates are independent: blocks of them run on numba's threads, each with its own scratch.
     for blk in prange(blocks):
-        ints = np.empty((STAGE_ROWS, max_g), np.int64)
-        dep_lo = np.empty(max_s, np.int64)
-        dep_hi = np.empty(max_s, np.int64)
+        # Per slot (the evaluator's, see population._prepare): its size, the producer slots it reads and
+        # their samples, and its delivery (-1: not yet).
+        slot_size = np.empty(max_s, np.int64)
+        offset = np.empty(max_s, np.int64)
+        first = np.empty(max_s, np.int64)
+        last = np.empty(max_s, np.int64)
+        samples = np.empty(max_s, np.int64)
+        owner = np.empty(max_b, np.int64)
         deliv = np.empty(max_s)
+        row_int = np.empty((4 * max_g, _INT_COLS), np.int64)  # per (stage, kind): see population._prepare
+        row_float = np.empty((4 * max_g, _FLOAT_COLS))
+        ints = np.empty((STAGE_ROWS, max_g), np.int64)
+        stash_in = np.empty((2, max_g))  # per stage, bytes a forward adds per sample and per microbatch (docs/model.md 5)
         link = np.empty((max_r, max_r, 3))  # per directed rank pair: last arrival, latency, ms per byte
         rint = np.empty((RANK_INT_ROWS, max_r + 1), np.int64)
         rflt = np.empty((RANK_FLOAT_ROWS, max_r))
         local = np.empty(max_g, np.int64)
         for c in range(blk * n // blocks, (blk + 1) * n // blocks):
-            ok = _generate_one(c, stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr,
-                               rank_ptr, rank_cap, w_cap, policy, act_ptr, times, out_bytes, stage_mem,
-                               param_prefix, latency, ms_per_byte, op_oh, msg_oh, msg_per_byte,
-                               state_factor,
-                               memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint,
-                               rflt, local)  # fmt: skip
-            last = peak = 0.0
-            for q in range(rank_ptr[c], rank_ptr[c + 1]):
-                last = max(last, rflt[LAST_END, q - rank_ptr[c]])
-                peak = max(peak, mem[q])
-            it[c] = last if ok else np.inf
+            s0, S = stage_ptr[c], stage_ptr[c + 1] - stage_ptr[c]
+            r0, R = rank_ptr[c], rank_ptr[c + 1] - rank_ptr[c]
+            _prepare(s0, S, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, sizes, layers, out_bytes,
+                     stage_mem, slot_size, offset, owner, first, last, samples, row_int, row_float)  # fmt: skip
+            _setup(s0, S, R, r0, rank, recompute, split, cap, fwd_ptr, bwd_ptr, act_ptr, stage_mem, state_factor,
+                   memory_limit, latency, ms_per_byte, deliv, local, ints, rint, rflt, stash_in, mem, busy,
+                   link)  # fmt: skip
+            ok = _generate_one(c, r0, R, rank_cap, w_cap, policy, act_ptr, times, layers, op_oh, msg_oh,
+                               msg_per_byte, act, mem, busy, relaxed, slot_size, first, last, samples, deliv,
+                               row_int, row_float, ints, stash_in, link, rint, rflt, local)  # fmt: skip
+            last_t = peak = 0.0
+            for r in range(R):
+                for i in range(rint[LOCAL, r], rint[LOCAL, r + 1]):
+                    mem[r0 + r] += state_factor * stage_mem[s0 + local[i], 5]
+                last_t = max(last_t, rflt[LAST_END, r])
+                peak = max(peak, mem[r0 + r])
+            it[c] = last_t if ok else np.inf
             top[c] = peak if ok else np.inf
 
 
 @njit(cache=True)
-def _backward_at(g, kind, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base):  # type: ignore[no-untyped-def]
-    """When stage g's next backward (as kind code ``kind``, B or I) can start: its inputs' arrival, -1
-    while they are not all sent, -2 if it is no candidate (none left, or its forwards have not all run)."""
-    k = ints[B_NEXT, g]
-    if k >= bwd_ptr[s0 + g + 1] - bwd_ptr[s0 + g] or ints[FORWARDED, g] < ints[BACKWARDED, g] + bwd[bwd_ptr[s0 + g] + k]:
-        return -2.0
-    p = kernels.source_stage(kind, g, S)
-    if p < 0:
-        return 0.0
-    slot = n_f + bwd_ptr[s0 + g] - b_base + k
-    return kernels.ready_at(deliv, n_f + bwd_ptr[s0 + p] - b_base, dep_lo[slot], dep_hi[slot])
-
-
-@njit(cache=True)
-def _forward_at(g, s0, S, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base):  # type: ignore[no-untyped-def]
-    """When stage g's next forward can start (as :func:`_backward_at`; caps not applied)."""
-    k = ints[F_NEXT, g]
-    if k >= fwd_ptr[s0 + g + 1] - fwd_ptr[s0 + g]:
-        return -2.0
-    p = kernels.source_stage(F, g, S)
-    if p < 0:
-        return 0.0
-    slot = fwd_ptr[s0 + g] - f_base + k
-    return kernels.ready_at(deliv, fwd_ptr[s0 + p] - f_base, dep_lo[slot], dep_hi[slot])
-
-
-@njit(cache=True)
-def _pending_w(first, last, local, ints, split, s0):  # type: ignore[no-untyped-def]
-    """The deepest local stage with a weight gradient waiting, or -1."""
-    for i in range(last - 1, first - 1, -1):
-        g = local[i]
-        if ints[W_NEXT, g] < ints[B_NEXT, g] and split[s0 + g]:
-            return g
-    return -1
-
-
-@njit(cache=True)
-def _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr, dep_lo, dep_hi, deliv,  # type: ignore[no-untyped-def]
-               n_f, f_base, b_base, now, rank_cap, w_cap, policy, cap, level, budget, stash_in):  # fmt: skip
-    """Rank r's choice at ``now`` by its policy (see :data:`POLICIES`): ``(stage, kind, _)``, or
-    ``(-1, -1, t)`` with t the ready time of the earliest candidate only waiting for an input (inf:
-    none known yet)."""
-    first, last = rint[LOCAL, r], rint[LOCAL, r + 1]
-    wake = np.inf
-    held = 0
-    for i in range(first, last):
-        held += ints[FORWARDED, local[i]] - ints[BACKWARDED, local[i]]
-    if rint[PENDING_W, r] >= w_cap and rint[PENDING_W, r] > 0:  # too many weight gradients wait
-        return _pending_w(first, last, local, ints, split, s0), W, now
-    n = last - first
-    # Policies 0/1 sweep backwards then forwards, 3/4 forwards then backwards, 2 both per stage.
-    sweeps = 1 if policy == 2 else 2
-    for sweep in range(sweeps):
-        backward = policy == 2 or (sweep == 0) == (policy < 2)
-        forward = policy == 2 or not backward
-        shallow_first = forward and (policy == 1 or policy == 3)
-        for step in range(n):
-            i = first + step if shallow_first else last - 1 - step
-            g = local[i]
-            if backward:
-                kind = BACKWARD_START[int(split[s0 + g])]
-                d = _backward_at(g, kind, s0, S, ints, bwd, bwd_ptr, dep_lo, dep_hi, deliv, n_f, b_base)
-                if 0.0 <= d <= now:
-                    return g, kind, now
-                if d > now:
-                    wake = min(wake, d)
-            if forward:
-                d = _forward_at(g, s0, S, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base)
-                if d > now:
-                    wake = min(wake, d)
-                elif d >= 0.0:
-                    size = fwd[fwd_ptr[s0 + g] + ints[F_NEXT, g]]
-                    if ints[FORCE, g] or held == 0 or (ints[FORWARDED, g] - ints[BACKWARDED, g] < cap[s0 + g] and held < rank_cap
-                                                   and level + stash_in[g] * size <= budget):  # fmt: skip
-                        return g, F, now
-    g = _pending_w(first, last, local, ints, split, s0)  # weight gradients fill the gap
-    if g >= 0:
-        return g, W, now
-    return -1, -1, wake
-
-
-@njit(cache=True)
-def _setup(s0, S, R, r0, lo, hi, rank, recompute, stage_mem, param_prefix, state_factor,  # type: ignore[no-untyped-def]
-           memory_limit, n_slots, deliv, local, ints, rint, rflt, stash_in, mem, busy, link):  # fmt: skip
-    """Reset the state for one candidate: nothing delivered, every rank's local stages (ascending,
-    ``local[rint[LOCAL, r] : rint[LOCAL, r + 1]]``), its budget under the memory limit, and what a
-    forward of each stage adds per sample (from ``stage_mem``, :func:`stage_memory`)."""
-    deliv[:n_slots] = -1.0
+def _setup(s0, S, R, r0, rank, recompute, split, cap, fwd_ptr, bwd_ptr, act_ptr, stage_mem,  # type: ignore[no-untyped-def]
+           state_factor, memory_limit, latency, ms_per_byte, deliv, local, ints, rint, rflt, stash_in, mem, busy,
+           link):  # fmt: skip
+    """Reset the state for one candidate: nothing delivered (but the slots that read no producer,
+    population._prepare's: delivered at 0), every stage's counters and fixed facts, every rank's local
+    stages (ascending, ``local[rint[LOCAL, r] : rint[LOCAL, r + 1]]``), its actions in all, its budget
+    under the memory limit, its links (to itself: free), and what a forward of each stage adds per
+    sample and per microbatch, its fixed stash (from ``stage_mem``, :func:`stage_memory`)."""
+    n_slots = fwd_ptr[s0 + S] - fwd_ptr[s0] + bwd_ptr[s0 + S] - bwd_ptr[s0]
+    for q in range(n_slots):
+        deliv[_u(q)] = -1.0
+    for q in range(n_slots, n_slots + 2 * S + 2):
+        deliv[_u(q)] = 0.0
     n_loc = 0
     for r in range(R):
         rint[LOCAL, r] = n_loc
@@ -331,42 +321,54 @@ def _setup(s0, S, R, r0, lo, hi, rank, recompute, stage_mem, param_prefix, state
                 local[n_loc] = g
                 n_loc += 1
                 state += state_factor * stage_mem[s0 + g, 5]  # its parameters, a tied weight once per rank
-        rint[WRITTEN, r], rint[PENDING_W, r], rint[WAITING, r] = 0, 0, 0
+        rint[WRITTEN, r], rint[PENDING_W, r], rint[WAITING, r], rint[HELD, r] = 0, 0, 0, 0
+        rint[TOTAL, r] = act_ptr[r0 + r + 1] - act_ptr[r0 + r]
         rflt[DECIDE_AT, r], rflt[LAST_END, r], rflt[LEVEL, r], rflt[WAITED_AT, r] = 0.0, 0.0, 0.0, 0.0
         rflt[BUDGET, r] = memory_limit - state
         mem[r0 + r], busy[r0 + r] = 0.0, 0.0
+        for q in range(R):
+            free = q == r
+            link[r, q, 0] = 0.0
+            link[r, q, 1] = 0.0 if free else latency  # one link between any two ranks
+            link[r, q, 2] = 0.0 if free else ms_per_byte
     rint[LOCAL, R] = n_loc
-    link[:R, :R, 0] = 0.0
     for g in range(S):
         gg = s0 + g
-        stash_in[g] = kernels.memory_delta(F, recompute[gg], stage_mem[gg, 0], stage_mem[gg, 1], stage_mem[gg, 2],
-                                           stage_mem[gg, 3])[0]  # fmt: skip
-        ints[:, g] = 0
+        stash_in[0, g] = memory_delta(F, recompute[gg], stage_mem[gg, 0], stage_mem[gg, 1], stage_mem[gg, 2],
+                                      stage_mem[gg, 3])[0]  # fmt: skip
+        stash_in[1, g] = memory_delta(F, recompute[gg], stage_mem[gg, 4], 0.0, 0.0, 0.0)[0]  # the fixed stash
+        for row in range(CAP):
+            ints[row, g] = 0
+        ints[N_FWD, g] = fwd_ptr[gg + 1] - fwd_ptr[gg]
+        ints[N_BWD, g] = bwd_ptr[gg + 1] - bwd_ptr[gg]
+        ints[STARTS, g] = BACKWARD_START[int(split[gg])]
+        ints[CAP, g] = cap[gg]
 
 
 @njit(cache=True)
 def _generate_one(  # type: ignore[no-untyped-def]
-    c, stage_ptr, lo, hi, rank, recompute, scale, split, cap, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, rank_cap, w_cap,
-    policy, act_ptr, times, out_bytes, stage_mem, param_prefix, latency, ms_per_byte, op_oh, msg_oh,
-    msg_per_byte, state_factor, memory_limit, act, mem, busy, relaxed, ints, dep_lo, dep_hi, deliv, link, rint, rflt, local,
+    c, r0, R, rank_cap, w_cap, policy, act_ptr, times, layers, op_oh, msg_oh, msg_per_byte, act, mem, busy,
+    relaxed, slot_size, first, last, samples, deliv, row_int, row_float, ints, stash_in, link, rint, rflt, local,
 ):  # fmt: skip
-    """Generate candidate c's lists; returns False only if no rank could go on (a bug, never expected)."""
-    s0, s1 = stage_ptr[c], stage_ptr[c + 1]
-    S = s1 - s0
-    r0, r1 = rank_ptr[c], rank_ptr[c + 1]
-    R = r1 - r0
-    f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
-    n_f = fwd_ptr[s1] - f_base
-    kernels.link_producers(fwd, fwd_ptr, bwd, bwd_ptr, s0, s1, dep_lo, dep_hi)
-    stash_in = np.empty(S)  # bytes a forward adds per sample (docs/model.md 5)
-    _setup(s0, S, R, r0, lo, hi, rank, recompute, stage_mem, param_prefix, state_factor, memory_limit,
-           n_f + bwd_ptr[s1] - b_base, deliv, local, ints, rint, rflt, stash_in, mem, busy, link)  # fmt: skip
-    link[:R, :R, 1], link[:R, :R, 2] = latency, ms_per_byte  # one link between any two ranks
-    remaining = act_ptr[r1] - act_ptr[r0]
+    """Generate candidate c's lists (its state from :func:`_setup`, its tables from population._prepare);
+    returns False only if no rank could go on (a bug, never expected).
+
+    The rank that decides earliest takes its policy's choice (:data:`POLICIES`) and runs it: the timing of
+    docs/model.md section 4 and the memory of section 5, spelled out as in the evaluator's loop
+    (population._one) on the same tables; with nothing ready it waits for its next input. All inline on
+    purpose, on this function's own arguments: a call passing arrays costs their reference counts on
+    every decision (ARCHITECTURE.md), and a branch on an action's kind its mispredictions.
+    """
+    remaining = act_ptr[r0 + R] - act_ptr[r0]
     while remaining > 0:
-        r = _next_rank(rint, rflt, act_ptr, r0, R)
+        r = -1  # the unfinished rank that decides earliest
+        now = np.inf
+        for q in range(R):
+            if rint[WRITTEN, _u(q)] < rint[TOTAL, _u(q)] and rflt[DECIDE_AT, _u(q)] < now:
+                now = rflt[DECIDE_AT, _u(q)]
+                r = q
         if r < 0:  # every rank waits on a cap and nothing is on its way
-            r, g = _relax(s0, S, R, rint, rflt, local, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base, act_ptr, r0)
+            r, g = _relax(R, rint, rflt, local, ints, row_int, first, last, deliv)
             if r < 0:
                 return False
             relaxed[c] += 1
@@ -374,115 +376,137 @@ def _generate_one(  # type: ignore[no-untyped-def]
             rint[WAITING, r] = 0
             rflt[DECIDE_AT, r] = rflt[WAITED_AT, r]
             continue
-        now = rflt[DECIDE_AT, r]
-        g, kind, wake = _candidate(c, s0, S, r, rint, local, ints, split, fwd, fwd_ptr, bwd, bwd_ptr, dep_lo, dep_hi,
-                             deliv, n_f, f_base, b_base, now, rank_cap[r0 + r], w_cap[r0 + r], policy[r0 + r], cap,
-                             rflt[LEVEL, r], rflt[BUDGET, r], stash_in)  # fmt: skip
+        ur = _u(r)
+        # Its choice by its policy: the stage g, the kind, and when its inputs arrived (``ready``).
+        first_i, last_i = rint[LOCAL, ur], rint[LOCAL, ur + 1]
+        pending = -1  # the deepest local stage with a weight gradient waiting
+        if rint[PENDING_W, ur] > 0:
+            for i in range(last_i - 1, first_i - 1, -1):
+                g = local[_u(i)]
+                if ints[W_NEXT, _u(g)] < ints[B_NEXT, _u(g)] and SPLIT[ints[STARTS, _u(g)]]:
+                    pending = g
+                    break
+        g, kind, ready = pending, W, 0.0
+        if rint[PENDING_W, ur] < w_cap[r0 + r] or pending < 0:  # else too many weight gradients wait
+            g, ready = -1, np.inf  # none chosen yet; ``ready``: the earliest arrival it waits for
+            p = policy[r0 + r]
+            n = last_i - first_i
+            # Policies 0/1 sweep backwards then forwards, 3/4 forwards then backwards, 2 both per stage.
+            sweeps, halves = (1, 2) if p == 2 else (2, 1)
+            for sweep in range(sweeps):
+                for step in range(n):
+                    for half in range(halves):
+                        backward = half == 0 if p == 2 else (sweep == 0) == (p < 2)
+                        shallow_first = not backward and (p == 1 or p == 3)
+                        j = local[_u(first_i + step if shallow_first else last_i - 1 - step)]
+                        uj = _u(j)
+                        kind = ints[STARTS, uj] if backward else F
+                        k = ints[B_NEXT, uj] if backward else ints[F_NEXT, uj]
+                        row = _u(4 * j + kind)
+                        size = slot_size[_u(row_int[row, _SLOT] + k)]
+                        if k >= ints[N_BWD if backward else N_FWD, uj] or (  # none left, or forwards to run first
+                                backward and ints[FORWARDED, uj] < ints[BACKWARDED, uj] + size):  # fmt: skip
+                            continue
+                        reads = _u(row_int[row, _READ_AT] + k * row_int[row, _READ_STEP])
+                        lo_m, hi_m = first[reads], last[reads]
+                        d_lo, d_hi = deliv[_u(lo_m)], deliv[_u(hi_m)]
+                        d, low = max(d_lo, d_hi), min(d_lo, d_hi)
+                        for m in range(lo_m + 1, hi_m):  # the producers between
+                            d = max(d, deliv[_u(m)])
+                            low = min(low, deliv[_u(m)])
+                        if low < 0.0:  # a producer has not run
+                            continue
+                        if d > now:
+                            ready = min(ready, d)
+                            continue
+                        held = rint[HELD, ur]
+                        if backward or ints[FORCE, uj] or held == 0 or (
+                                ints[FORWARDED, uj] - ints[BACKWARDED, uj] < ints[CAP, uj] and held < rank_cap[r0 + r]
+                                and rflt[LEVEL, ur] + stash_in[0, uj] * size + stash_in[1, uj] <= rflt[BUDGET, ur]):  # fmt: skip
+                            g, ready = j, d
+                            break
+                    if g >= 0:
+                        break
+                if g >= 0:
+                    break
+            if g < 0 and pending >= 0:  # weight gradients fill the gap
+                g, kind, ready = pending, W, 0.0
         if g < 0:
-            rint[WAITING, r] = 1  # waiting: a delivery to this rank wakes it
-            rflt[WAITED_AT, r] = now
-            rflt[DECIDE_AT, r] = wake
+            rint[WAITING, ur] = 1  # waiting: a delivery to this rank wakes it
+            rflt[WAITED_AT, ur] = now
+            rflt[DECIDE_AT, ur] = ready
             continue
-        # Run the chosen action: the timing of docs/model.md section 4, as in the evaluator.
-        gg = s0 + g
-        # Inline on purpose: a shared kernel taking these arrays costs ~20% of the loop (ARCHITECTURE.md).
-        k = ints[NEXT_ROW[kind], g]
-        p = kernels.source_stage(kind, g, S)  # the stage it reads from (-1: none), its producers on the same list
-        pg = s0 + p if p >= 0 else gg
-        if kernels.on_forward_list(kind):
-            size = fwd[fwd_ptr[gg] + k]
-            slot = fwd_ptr[gg] - f_base + k
-            producers = fwd_ptr[pg] - f_base if p >= 0 else -1
-            sizes, size_base = fwd, fwd_ptr[pg]
-        else:
-            size = bwd[bwd_ptr[gg] + k]
-            slot = n_f + bwd_ptr[gg] - b_base + k
-            producers = n_f + bwd_ptr[pg] - b_base if p >= 0 else -1
-            sizes, size_base = bwd, bwd_ptr[pg]
-        cross = rank[pg] != rank[gg]
-        edge = kernels.received_boundary(kind, lo[gg], hi[gg])
-        start = rflt[LAST_END, r]
-        need = 0.0
-        if producers >= 0:
-            start = max(start, kernels.ready_at(deliv, producers, dep_lo[slot], dep_hi[slot]))
-            if cross:
-                need = kernels.needed_ms(sizes, size_base, dep_lo[slot], dep_hi[slot], out_bytes[edge], msg_oh, msg_per_byte)
-        l_lo, l_hi = lo[gg], hi[gg]
-        end, to, arrival = kernels.finish(kind, g, gg, S, r, start, size, l_lo, l_hi, recompute[gg], scale[gg], need, rank,
-                                  link, times, out_bytes, op_oh, msg_oh, msg_per_byte)  # fmt: skip
-        if to >= 0:
-            deliv[slot] = arrival
-            dst = rank[to]
-            if rint[WAITING, dst]:  # wake a waiting consumer, no earlier than its own last end
-                rflt[DECIDE_AT, dst] = min(rflt[DECIDE_AT, dst], max(arrival, rflt[LAST_END, dst]))
-        # Memory (docs/model.md 5): the stage's terms per sample, times the microbatch's size (the stash plus its
-        # fixed part).
-        add, rel = kernels.memory_delta(kind, recompute[gg], stage_mem[gg, 0] * size + stage_mem[gg, 4],
-                                        stage_mem[gg, 1] * size, stage_mem[gg, 2] * size, stage_mem[gg, 3] * size)  # fmt: skip
-        rflt[LEVEL, r] += add
-        mem[r0 + r] = max(mem[r0 + r], rflt[LEVEL, r])
-        rflt[LEVEL, r] -= rel
-        busy[r0 + r] += end - start
-        rflt[DECIDE_AT, r] = rflt[LAST_END, r] = end
-        rint[WAITING, r] = 0
-        act[act_ptr[r0 + r] + rint[WRITTEN, r]] = kernels.action_code(g, kind, k)
-        rint[WRITTEN, r] += 1
+        # Run it: docs/model.md section 4's timing, then section 5's memory, then the counters.
+        row = _u(4 * g + kind)
+        k = ints[NEXT_ROW[kind], _u(g)]
+        reads = _u(row_int[row, _READ_AT] + k * row_int[row, _READ_STEP])
+        start = max(rflt[LAST_END, ur], ready)
+        size = slot_size[_u(row_int[row, _SLOT] + k)]
+        at = size * layers
+        dur = times[_u(row_int[row, _T_HI] + at)] - times[_u(row_int[row, _T_LO] + at)]
+        dur += row_float[row, _RERUN] * (times[_u(row_int[row, _F_HI] + at)] - times[_u(row_int[row, _F_LO] + at)])
+        dur *= row_float[row, _SCALE]
+        # One message per producer by its full size, and one sent, each only across ranks.
+        need = row_float[row, _CROSS] * ((last[reads] - first[reads] + 1) * msg_oh + msg_per_byte *
+                                         samples[reads] * row_float[row, _RECV_BYTES])  # fmt: skip
+        sent_ms = row_float[row, _SENDS] * (1 * msg_oh + msg_per_byte * size * row_float[row, _SEND_BYTES])
+        end = start + dur + op_oh + need + sent_ms
+        dst = _u(row_int[row, _DST])  # its own rank when it sends nothing: a link that costs nothing
+        arrival = max(end, link[ur, dst, 0]) + (link[ur, dst, 1] + size * row_float[row, _SEND_BYTES] *
+                                                link[ur, dst, 2])  # fmt: skip
+        link[ur, dst, 0] = arrival
+        deliv[_u(row_int[row, _SEND_AT] + k * row_int[row, _SEND_STEP])] = arrival
+        if rint[WAITING, dst]:  # wake a waiting consumer, no earlier than its own last end (its own rank: set below)
+            rflt[DECIDE_AT, dst] = min(rflt[DECIDE_AT, dst], max(arrival, rflt[LAST_END, dst]))
+        add = (row_float[row, _ADD] * size + row_float[row, _ADD_FIXED] + row_float[row, _ADD + 1] * size +
+               row_float[row, _ADD + 2] * size + row_float[row, _ADD + 3] * size)
+        rel = (row_float[row, _REL] * size + row_float[row, _REL_FIXED] + row_float[row, _REL + 1] * size +
+               row_float[row, _REL + 2] * size + row_float[row, _REL + 3] * size)
+        level = rflt[LEVEL, ur] + add
+        mem[_u(r0 + r)] = max(mem[_u(r0 + r)], level)
+        rflt[LEVEL, ur] = level - rel
+        busy[_u(r0 + r)] += end - start
+        rflt[DECIDE_AT, ur] = rflt[LAST_END, ur] = end
+        rint[WAITING, ur] = 0
+        act[_u(act_ptr[r0 + r] + rint[WRITTEN, ur])] = action_code(g, kind, k)
+        rint[WRITTEN, ur] += 1
+        ints[NEXT_ROW[kind], _u(g)] += 1
+        ints[FORWARDED, _u(g)] += FORWARDS[kind] * size
+        ints[BACKWARDED, _u(g)] += BACKWARDS[kind] * size
+        ints[FORCE, _u(g)] *= 1 - FORWARDS[kind]
+        rint[HELD, ur] += (FORWARDS[kind] - BACKWARDS[kind]) * size
+        rint[PENDING_W, ur] += WAITS[kind]
         remaining -= 1
-        _advance(ints, rint, g, r, kind, size)
-    for r in range(R):
-        for i in range(rint[LOCAL, r], rint[LOCAL, r + 1]):
-            g = local[i]
-            mem[r0 + r] += state_factor * stage_mem[s0 + g, 5]
     return True
 
 
 @njit(cache=True)
-def _next_rank(rint, rflt, act_ptr, r0, R):  # type: ignore[no-untyped-def]
-    """The unfinished rank that decides earliest (-1: every rank waits with nothing on its way)."""
-    r = -1
-    best = np.inf
-    for q in range(R):
-        if rint[WRITTEN, q] < act_ptr[r0 + q + 1] - act_ptr[r0 + q] and rflt[DECIDE_AT, q] < best:
-            best = rflt[DECIDE_AT, q]
-            r = q
-    return r
+def _ready(reads, first, last, deliv):  # type: ignore[no-untyped-def]
+    """When the producers of slot ``reads`` have all delivered (the latest delivery), or -1 while one has
+    not (a slot reading none reads the idle slot, delivered at 0)."""
+    t = 0.0
+    for m in range(first[reads], last[reads] + 1):
+        if deliv[m] < 0.0:
+            return -1.0
+        t = max(t, deliv[m])
+    return t
 
 
 @njit(cache=True)
-def _advance(ints, rint, g, r, kind, size):  # type: ignore[no-untyped-def]
-    """The counters after rank r ran a ``kind`` of local stage g on ``size`` samples (the generator's
-    own bookkeeping of the kinds it chose, see :data:`NEXT_ROW`)."""
-    ints[NEXT_ROW[kind], g] += 1
-    if FORWARD_LIST[kind]:
-        ints[FORWARDED, g] += size
-        ints[FORCE, g] = 0
-    elif FEEDS[kind] == 0:  # a backward's weight half: its I's wait is over
-        rint[PENDING_W, r] -= 1
-    else:
-        ints[BACKWARDED, g] += size
-        if SPLIT[kind]:  # an input half: its W now waits
-            rint[PENDING_W, r] += 1
-
-
-@njit(cache=True)
-def _relax(s0, S, R, rint, rflt, local, ints, fwd_ptr, dep_lo, dep_hi, deliv, f_base, act_ptr, r0):  # type: ignore[no-untyped-def]
+def _relax(R, rint, rflt, local, ints, row_int, first, last, deliv):  # type: ignore[no-untyped-def]
     """Every rank waits and nothing is on its way: the (rank, stage) whose next forward has its inputs
     and is held back only by its cap or the memory budget, earliest first; (-1, -1) if none."""
     best_r = best_g = -1
     best_t = np.inf
     for r in range(R):
-        if rint[WRITTEN, r] >= act_ptr[r0 + r + 1] - act_ptr[r0 + r]:
+        if rint[WRITTEN, r] >= rint[TOTAL, r]:
             continue
         for i in range(rint[LOCAL, r], rint[LOCAL, r + 1]):
             g = local[i]
             k = ints[F_NEXT, g]
-            if k >= fwd_ptr[s0 + g + 1] - fwd_ptr[s0 + g]:
+            if k >= ints[N_FWD, g]:
                 continue
-            d = 0.0
-            p = kernels.source_stage(F, g, S)
-            if p >= 0:
-                slot = fwd_ptr[s0 + g] - f_base + k
-                d = kernels.ready_at(deliv, fwd_ptr[s0 + p] - f_base, dep_lo[slot], dep_hi[slot])
+            d = _ready(row_int[4 * g + F, _READ_AT] + k * row_int[4 * g + F, _READ_STEP], first, last, deliv)
             if d >= 0.0 and max(d, rflt[LAST_END, r]) < best_t:
                 best_t, best_r, best_g = max(d, rflt[LAST_END, r]), r, g
     if best_r >= 0:

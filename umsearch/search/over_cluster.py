@@ -59,7 +59,9 @@ def memory_of(space: SearchSpace, profile: Profile) -> Memory:
     """What pruning needs of the profile and the space."""
     return Memory(param_bytes=tuple(lay.param_bytes for lay in profile.layers),
                   stash_bytes=tuple(lay.stash_bytes for lay in profile.layers),
-                  state_factor=space.state_factor, limit=space.memory_limit)  # fmt: skip
+                  state_factor=space.state_factor, limit=space.memory_limit,
+                  tied_bytes=sum((len(t.layers) - 1) * t.bytes for t in profile.tied_weights),
+                  stash_fixed_bytes=tuple(lay.stash_fixed_bytes for lay in profile.layers))  # fmt: skip
 
 
 def replica_space(space: SearchSpace, f: Factorization) -> SearchSpace:

@@ -6,6 +6,9 @@ plan, deadlocks included.
 
 Events are action ends and message arrivals. Whenever one happens, every idle
 rank whose next action has all its inputs delivered starts it at that time.
+Which messages an action waits for and which it makes are its rank's lowered
+program's (:mod:`umsearch.core.program`, read through
+:func:`umsearch.core.deps.messages`), as the runtime runs them.
 An output goes to a stage on the same rank at the action's end, else as one
 message on the directed link between the two ranks, after the link's previous
 message. When no event is left while actions remain, the plan deadlocks.
@@ -35,10 +38,11 @@ from umsearch.core.cluster import (
     replica_nodes,
 )
 from umsearch.core.cost import CostModel, device_state_factor
-from umsearch.core.deps import Dependencies, find_deadlock
+from umsearch.core.deps import Dependencies, Message, find_deadlock, messages
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import Link
+from umsearch.core.program import lower
 from umsearch.errors import PlanError
 from umsearch.sim.result import AllReduceSpan, SimResult
 
@@ -116,12 +120,15 @@ def rank_peak_memory(plan: Plan, cost: CostModel, r: int) -> float:
     actions (the same in every replica: memory follows the list order, not the links)."""
     level = peak = 0.0
     handed = hand_offs(plan)
+    # Per stage once: the per-sample sizes and the fixed part (cost.microbatch_memory for a given n).
+    terms = {j: (cost.stage_memory(st.lo, st.hi, st.recompute, j > 0 and handed[j - 1], handed[j]),
+                 float(cost.stash_fixed(st.lo, st.hi)))
+             for j, st in enumerate(plan.stages) if st.rank == r}  # fmt: skip
     for a in plan.actions[r]:
         st = plan.stages[a.stage]
         n = a.size(st.forward, st.backward)
-        j = a.stage
-        add, release = a.memory(st.recompute, *cost.microbatch_memory(st.lo, st.hi, st.recompute,
-                                                                      j > 0 and handed[j - 1], handed[j], n))  # fmt: skip
+        (stash, inp, kept, freed), fixed = terms[a.stage]
+        add, release = a.memory(st.recompute, stash * n + fixed, inp * n, kept * n, freed * n)
         level += add
         peak = max(peak, level)
         level -= release
@@ -176,44 +183,46 @@ def _link_pattern(plan: Plan, replica: int) -> tuple[int, ...] | None:
 
 
 def _run(plan: Plan, timing: ActionTiming, transfer: Transfer) -> _Timeline:
-    """docs/model.md section 4 for one replica whose messages take ``transfer``."""
-    deps = timing.deps
+    """docs/model.md section 4 for one replica whose messages take ``transfer``: each rank runs its lowered
+    program's steps in order (:func:`~umsearch.core.program.lower`), a step once the messages its input is
+    built from have arrived; what it makes arrives at once on its own rank, else after the link's previous
+    message and its transfer."""
     R = plan.ranks
-    delivered: dict[Action, float] = {}
+    flows = [messages(p) for p in lower(plan, run=False)]
+    delivered: dict[Message, float] = {}
     link_free: dict[tuple[int, int], float] = {}
     pos, free_at, busy, end = [0] * R, [0.0] * R, [0.0] * R, [0.0] * R
     records: list[ActionRecord] = []
     events = [0.0]
 
-    def ready(a: Action, now: float) -> bool:
-        return all(p in delivered and delivered[p] <= now for p in deps.producers(a))
+    def ready(reads: tuple[Message, ...], now: float) -> bool:
+        return all(m in delivered and delivered[m] <= now for m in reads)
 
     while events:
         now = heapq.heappop(events)
-        for r in range(R):
-            acts = plan.actions[r]
+        for r, (steps, reads, makes) in enumerate(flows):
             # A zero-length action frees its rank at once: keep going while the next one is ready too.
-            while free_at[r] <= now and pos[r] < len(acts) and ready(acts[pos[r]], now):
-                a = acts[pos[r]]
-                dur = timing.duration(a)
+            while free_at[r] <= now and pos[r] < len(steps) and ready(reads[pos[r]], now):
+                a = steps[pos[r]].action
+                dur = timing.duration(a) if a is not None else 0.0
                 stop = now + dur
-                records.append(ActionRecord(rank=r, stage=a.stage, kind=a.kind, mb=a.mb, size=timing.size(a),
-                                            start_ms=now, end_ms=stop))  # fmt: skip
+                if a is not None:
+                    records.append(ActionRecord(rank=r, stage=a.stage, kind=a.kind, mb=a.mb, size=timing.size(a),
+                                                start_ms=now, end_ms=stop))  # fmt: skip
                 busy[r] += dur
                 free_at[r] = end[r] = stop
-                pos[r] += 1
                 heapq.heappush(events, stop)
-                to = timing.consumer(a)
-                if to is None:
-                    continue
-                if not timing.cross_rank(a, to):
-                    delivered[a] = stop
-                    continue
-                link = (r, plan.stages[to].rank)
-                arrival = max(stop, link_free.get(link, 0.0)) + transfer(a, *link)
-                link_free[link] = delivered[a] = arrival
-                heapq.heappush(events, arrival)
-    finished = all(pos[r] == len(plan.actions[r]) for r in range(R))
+                for m, peer in makes[pos[r]]:
+                    if peer is None:
+                        delivered[m] = stop
+                        continue
+                    assert a is not None, "a message sent to another rank is an action's"
+                    link = (r, peer)
+                    arrival = max(stop, link_free.get(link, 0.0)) + transfer(a, *link)
+                    link_free[link] = delivered[m] = arrival
+                    heapq.heappush(events, arrival)
+                pos[r] += 1
+    finished = all(pos[r] == len(steps) for r, (steps, _, _) in enumerate(flows))
     return _Timeline(records=tuple(records), busy=tuple(busy), end=tuple(end), finished=finished)
 
 
