@@ -7,7 +7,9 @@
    Per run the plan's predicted time, its speedup over the best torch
    schedule, generations, plans scored, wall time and the load average; per
    profile the spread (worst seed over best, minus 1), the largest gap to the
-   best seed and the slowest search. One search at a time.
+   best seed and the slowest search. One search at a time. ``--time-budget-s``
+   raises the safety stop where a loaded machine would otherwise cut searches
+   (recorded in ``setup``); ``--seeds-only`` keeps the file's other sections.
 2. **Workers** (item 2): plans scored per second by the order generator and
    the batch evaluator with 1 and 2 workers on the same population, rounds
    rotated, median with 95% interval and the paired ratio; and one whole
@@ -64,8 +66,9 @@ def space_for(name: str, seed: int, work: Path, **search: Any) -> tuple[SearchSp
     return space, load_profile(space.profile)
 
 
-def one(name: str, seed: int, work: Path, n_workers: int) -> dict[str, Any]:
-    space, profile = space_for(name, seed, work, workers=n_workers)
+def one(name: str, seed: int, work: Path, n_workers: int, budget_s: float | None = None) -> dict[str, Any]:
+    space, profile = space_for(name, seed, work, workers=n_workers,
+                               **({} if budget_s is None else {"time_budget_s": budget_s}))  # fmt: skip
     load = os.getloadavg()[0]
     res = run_search(space, profile)
     peers = {k: b for k, b in res.baselines.items() if b is not None and k != "local greedy"}
@@ -74,8 +77,8 @@ def one(name: str, seed: int, work: Path, n_workers: int) -> dict[str, Any]:
     return {"profile": name, "seed": seed, "iteration_ms": t, "best_peer": best_name,
             "speedup_over_best_peer": peers[best_name].iteration_ms / t, "lower_bound_ms": res.lower_bound_ms,
             "stages_per_rank": res.best.plan.num_stages // res.best.plan.ranks, "generations": res.generations,
-            "evaluations": res.evaluations, "wall_s": res.wall_s, "budget_hit": res.budget_hit,
-            "loadavg_1m_before": load}  # fmt: skip
+            "evaluations": res.evaluations, "wall_s": res.wall_s, "plans_per_s": res.evaluations / res.wall_s,
+            "budget_hit": res.budget_hit, "loadavg_1m_before": load, "loadavg_1m_after": os.getloadavg()[0]}  # fmt: skip
 
 
 def per_profile(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -86,6 +89,8 @@ def per_profile(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "speedups_over_best_peer": [r["speedup_over_best_peer"] for r in runs],
             "median_wall_s": sorted(r["wall_s"] for r in runs)[len(runs) // 2], "max_wall_s": max(r["wall_s"] for r in runs),
             "median_evaluations": sorted(r["evaluations"] for r in runs)[len(runs) // 2],
+            "median_plans_per_s": sorted(r["plans_per_s"] for r in runs)[len(runs) // 2],
+            "loadavg_1m": [min(r["loadavg_1m_before"] for r in runs), max(r["loadavg_1m_after"] for r in runs)],
             "budget_hits": sum(r["budget_hit"] for r in runs)}  # fmt: skip
 
 
@@ -157,6 +162,17 @@ def included(path: str) -> dict[str, Any] | None:
     return out
 
 
+def kept_sections(path: Path, fresh: dict[str, Any]) -> dict[str, Any]:
+    """``fresh`` (the seeds' sections, this run's environment) over the sections of ``path`` that this run does not
+    measure (the workers' figures keep the environment they were measured in)."""
+    if not path.exists():
+        return fresh
+    old = json.loads(path.read_text())
+    if "workers" in old:
+        old["workers"].setdefault("environment", old.get("environment"))
+    return {**fresh, **old, **{k: fresh[k] for k in ("schema", "environment", "setup", "note", "profiles", "runs")}}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
@@ -164,6 +180,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rate-rounds", type=int, default=10, help="rounds of the 1 vs 2 workers scoring rate (0: skip)")
     ap.add_argument("--whole-rounds", type=int, default=3, help="rounds of one whole search with 1 and 2 workers")
     ap.add_argument("--workers", type=int, default=0, help="[search] workers of the seed runs (0: the default)")
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="[search] time_budget_s of the seed runs (default: its default); a larger one keeps a loaded "
+                         "machine's slowness out of the plans (the budget is a safety stop, not a setting of the search)")
+    ap.add_argument("--seeds-only", action="store_true",
+                    help="measure only the seeds; keep the other sections of --out (workers, ...) as they are")
     ap.add_argument("--out", default="results/bench/search.json")
     ap.add_argument("--work", default="/tmp/umsearch-bench-search", help="where the synthetic profile is written")
     a = ap.parse_args(argv)
@@ -172,12 +193,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     names = a.profiles or [*bundled(), TWO_REGIME]
     doc: dict[str, Any] = {"schema": "umsearch.bench.search/3", "environment": environment(),
                            "setup": {"ranks": RANKS, "global_batch": BATCH, "search": "defaults but seed",
-                                     "seeds": list(range(a.seeds)), "workers": a.workers or "default"},
+                                     "seeds": list(range(a.seeds)), "workers": a.workers or "default",
+                                     "time_budget_s": a.time_budget_s or "default"},
                            "note": "predicted times, one cost model for every contender; one search at a time on a "
                                    "machine shared with other agents (wall times are loaded; see loadavg)",
                            "memory_bound": included("results/bench/search_memory.json"),
                            "evaluator": included("results/bench/evaluator.json"), "profiles": {}, "runs": []}  # fmt: skip
-    if a.rate_rounds:
+    if a.seeds_only:
+        doc = kept_sections(Path(a.out), doc)
+    elif a.rate_rounds:
         doc["workers"] = {"scoring": scoring_rate(a.rate_rounds, work)}
         print(json.dumps(doc["workers"]["scoring"]["two_over_one"]["median"]), flush=True)
         if a.whole_rounds:
@@ -186,13 +210,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in names:
         mine = []
         for seed in range(a.seeds):
-            r = one(name, seed, work, a.workers)
+            r = one(name, seed, work, a.workers, a.time_budget_s)
             mine.append(r)
             print(f"{name:11s} seed {seed}: {r['iteration_ms']:9.3f} ms  {r['speedup_over_best_peer']:.3f}x "
                   f"{r['best_peer']}  {r['generations']} gen  {r['evaluations']} scored  {r['wall_s']:.1f} s  "
                   f"load {r['loadavg_1m_before']:.1f}", flush=True)  # fmt: skip
         doc["runs"] += mine
         doc["profiles"][name] = per_profile(mine)
+        doc["not_measured"] = [n for n in [*bundled(), TWO_REGIME] if n not in doc["profiles"]]
         print(f"{name}: spread {doc['profiles'][name]['spread']:.3%}", flush=True)
         doc["environment"]["loadavg_1m_at_end"] = os.getloadavg()[0]
         write_json(Path(a.out), doc)

@@ -7,7 +7,8 @@ genomes one to three moves away (:mod:`umsearch.search.moves`), scores them in
 one batch call and moves to the fastest feasible one if it is faster. The
 climb ends after ``patience`` steps without gain; then ``kicks`` times the
 search jumps a few moves away from the best and climbs again (iterated local
-search).
+search). A climb draws the same neighbour again and again (a no-op move, the
+same edit twice); :class:`Memo` scores each genome once.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from umsearch.search.genome import Genome, Rules
 from umsearch.search.moves import neighbour
-from umsearch.search.scoring import Scorer
+from umsearch.search.scoring import FloatArray, Scorer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +45,33 @@ class ClimbConfig:
     """Jumps in a row without gain after which the search stops jumping."""
 
 
+MEMO_SIZE = 20_000
+"""Genomes a :class:`Memo` remembers before it forgets them all: the repeats come from the neighbourhood of the
+genome being climbed from, so a few hundred steps' worth catch them (and a big model's genomes stay a few hundred
+MB at most)."""
+
+
+class Memo:
+    """A :class:`~umsearch.search.scoring.Scorer` that scores each genome once: the answer for a genome
+    seen before is the one it got then (the same, the scorer being deterministic), so a search gives the
+    same plan with or without it and only ``score.count`` (plans actually scored) is lower."""
+
+    def __init__(self, score: Scorer, size: int = MEMO_SIZE) -> None:
+        self.score, self.size = score, size
+        self.known: dict[Genome, tuple[float, float]] = {}
+
+    def genome_times(self, genomes: Sequence[Genome]) -> tuple[FloatArray, FloatArray]:
+        """:meth:`Scorer.genome_times` of ``genomes``, scoring only those not seen before."""
+        if len(self.known) > self.size:
+            self.known.clear()
+        new = list(dict.fromkeys(g for g in genomes if g not in self.known))
+        if new:
+            t, mem = self.score.genome_times(new)
+            self.known.update(zip(new, zip(t.tolist(), mem.tolist(), strict=True), strict=True))
+        out = np.array([self.known[g] for g in genomes], dtype=np.float64).reshape(len(genomes), 2)
+        return out[:, 0], out[:, 1]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Step:
     """One accepted genome of a climb."""
@@ -56,7 +84,7 @@ class Step:
 StepHook = Callable[[Step], None]
 
 
-def climb(start: Step, score: Scorer, rules: Rules, rng: random.Random, config: ClimbConfig = ClimbConfig(),
+def climb(start: Step, score: Memo, rules: Rules, rng: random.Random, config: ClimbConfig = ClimbConfig(),
           deadline: float = math.inf, on_step: StepHook | None = None) -> Step:  # fmt: skip
     """Hill-climb from ``start`` (feasible); returns the best step reached.
 
@@ -77,7 +105,7 @@ def climb(start: Step, score: Scorer, rules: Rules, rng: random.Random, config: 
     return cur
 
 
-def iterated_climb(start: Step, score: Scorer, rules: Rules, rng: random.Random,
+def iterated_climb(start: Step, score: Memo, rules: Rules, rng: random.Random,
                    config: ClimbConfig = ClimbConfig(), deadline: float = math.inf,
                    on_step: StepHook | None = None) -> Step:  # fmt: skip
     """:func:`climb`, then ``config.kicks`` times: jump from the best and climb again, keeping the

@@ -29,7 +29,7 @@ from umsearch.search.baselines import baselines, counts
 from umsearch.search.convergence import Convergence
 from umsearch.search.factorize import ClusterPlacement, Factorization, Pruned
 from umsearch.search.genome import POLICY_COUNT, Genome, Rules, genome_of, repair
-from umsearch.search.local import ClimbConfig, Step, iterated_climb
+from umsearch.search.local import ClimbConfig, Memo, Step, iterated_climb
 from umsearch.search.operators import (
     Anchors,
     GenomeCrossover,
@@ -300,6 +300,7 @@ class Run:
         """Rounds of iterated local search from the best genome of each of the fastest structures (the first
         round also from ``extra``), while a round improves."""
         rng = random.Random(self.space.search.seed)
+        memo = Memo(self.score)
         for r in range(self.space.search.polish_rounds):
             before = self.best_ms
             starts = self.starts(self.effort.climb.starts)
@@ -309,7 +310,7 @@ class Run:
                 if self.over():
                     break
                 t0, m0 = self.found[g]
-                iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), self.score, self.rules, rng,
+                iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), memo, self.rules, rng,
                                self.effort.climb, self.deadline, lambda st: self.keep([st.genome], np.array([st.iteration_ms]),
                                                                            np.array([st.max_memory_bytes])))  # fmt: skip
                 self.report("polish", i + 1, len(starts))
