@@ -74,6 +74,7 @@ from umsearch.sim.population import (
     IntArray,
     _prepare,
     offsets,
+    scratch_sizes,
     stage_memory,
 )
 
@@ -245,19 +246,7 @@ def _generate_all(  # type: ignore[no-untyped-def]
     msg_per_byte, state_factor, memory_limit, act, it, top, mem, busy, relaxed, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
-    max_s = max_r = max_g = max_b = 1  # scratch sizes: the largest candidate's, the most samples of a list
-    for g in range(fwd_ptr.shape[0] - 1):
-        f_batch = b_batch = 0
-        for q in range(fwd_ptr[g], fwd_ptr[g + 1]):
-            f_batch += fwd[q]
-        for q in range(bwd_ptr[g], bwd_ptr[g + 1]):
-            b_batch += bwd[q]
-        max_b = max(max_b, f_batch, b_batch)
-    for c in range(n):
-        s0, s1 = stage_ptr[c], stage_ptr[c + 1]
-        max_g = max(max_g, s1 - s0)
-        max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
-        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + 2 * (s1 - s0) + 2)
+    max_s, max_r, max_g, _, max_b = scratch_sizes(stage_ptr, rank_ptr, lo, hi, fwd, fwd_ptr, bwd, bwd_ptr)
     # Candidates are independent: blocks of them run on numba's threads, each with its own scratch.
     for blk in prange(blocks):
         # Per slot (the evaluator's, see population._prepare): its size, the producer slots it reads and

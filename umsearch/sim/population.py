@@ -420,6 +420,27 @@ def _hand_offs(stage_ptr, rank, recompute, fwd, fwd_ptr):  # type: ignore[no-unt
     return out
 
 
+@njit(cache=True)
+def scratch_sizes(stage_ptr, rank_ptr, lo, hi, fwd, fwd_ptr, bwd, bwd_ptr):  # type: ignore[no-untyped-def]
+    """The scratch every candidate's loop needs, the largest candidate's: slots, ranks, stages and layers of
+    a candidate, and the most samples of one list (a valid plan's lists all hold its batch); each at least 1."""
+    max_s = max_r = max_g = max_l = max_b = 1
+    for g in range(fwd_ptr.shape[0] - 1):
+        f_batch = b_batch = 0
+        for q in range(fwd_ptr[g], fwd_ptr[g + 1]):
+            f_batch += fwd[q]
+        for q in range(bwd_ptr[g], bwd_ptr[g + 1]):
+            b_batch += bwd[q]
+        max_b = max(max_b, f_batch, b_batch)
+    for c in range(stage_ptr.shape[0] - 1):
+        s0, s1 = stage_ptr[c], stage_ptr[c + 1]
+        max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
+        max_g = max(max_g, s1 - s0)
+        max_l = max(max_l, hi[s1 - 1] - lo[s0])
+        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + 2 * (s1 - s0) + 2)
+    return max_s, max_r, max_g, max_l, max_b
+
+
 @njit(cache=True, parallel=True)
 def _evaluate_all(  # type: ignore[no-untyped-def]
     stage_ptr, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, rank_ptr, act, act_ptr,
@@ -429,21 +450,7 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
     it, dead, top, comp, ar_end, spans, mem, busy, ends, blocks,
 ):  # fmt: skip
     n = stage_ptr.shape[0] - 1
-    max_s = max_r = max_g = max_l = 1  # scratch sizes: the largest candidate's
-    max_b = 1  # and the most samples of a list (a valid plan's lists all hold its batch)
-    for g in range(fwd_ptr.shape[0] - 1):
-        f_batch = b_batch = 0
-        for q in range(fwd_ptr[g], fwd_ptr[g + 1]):
-            f_batch += fwd[q]
-        for q in range(bwd_ptr[g], bwd_ptr[g + 1]):
-            b_batch += bwd[q]
-        max_b = max(max_b, f_batch, b_batch)
-    for c in range(n):
-        s0, s1 = stage_ptr[c], stage_ptr[c + 1]
-        max_r = max(max_r, rank_ptr[c + 1] - rank_ptr[c])
-        max_g = max(max_g, s1 - s0)
-        max_l = max(max_l, hi[s1 - 1] - lo[s0])
-        max_s = max(max_s, fwd_ptr[s1] - fwd_ptr[s0] + bwd_ptr[s1] - bwd_ptr[s0] + 2 * (s1 - s0) + 2)
+    max_s, max_r, max_g, max_l, max_b = scratch_sizes(stage_ptr, rank_ptr, lo, hi, fwd, fwd_ptr, bwd, bwd_ptr)
     # Candidates are independent: blocks of them run on numba's threads, each with its own
     # scratch, and every result lands in the candidate's own slots (deterministic).
     for blk in prange(blocks):
