@@ -151,7 +151,7 @@ def random_orders(stages: Sequence[Stage], ranks: int, split: Sequence[Sequence[
 
 @st.composite
 def plan_shapes(draw: st.DrawFn, num_layers: int, max_batch: int,
-                max_ranks: int) -> tuple[int, int, list[int], list[int], int]:  # fmt: skip
+                max_ranks: int) -> tuple[int, int, tuple[int, ...], list[int], int]:  # fmt: skip
     """A random plan's frame: ranks R, stages S, each stage's rank, the layer cuts and the batch B."""
     R = draw(st.integers(1, min(max_ranks, num_layers)))
     S = draw(st.integers(R, min(num_layers, 3 * R)))
