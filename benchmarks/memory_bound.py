@@ -115,24 +115,11 @@ def side_by_side_worker(rank: int, world: int, jobs: Sequence[Job], variants: Se
     variant, this rank's wall ms (barrier to the end of the optimizer step), variants in rotated order each
     round. A checkpointed variant runs on its plain twin's runner
     (:func:`umsearch.orchestrate.contenders.make_runners`): the same stages, the same processes."""
-    from umsearch.orchestrate.contenders import make_runners
-    from umsearch.runtime.fidelity import rotation
+    from umsearch.orchestrate.contenders import make_runners, measure_runners
 
     plain = make_runners(rank, world, jobs, factory, cfg)
-    runners = [_Checkpointed(plain[j]) if ac else plain[j] for j, ac in variants]
-    peaks = []
-    for runner in runners:
-        for step in range(cfg.warmup_steps - 1):
-            runner.step(step)
-        peaks.append((runner.rank, runner.peak_step(max(cfg.warmup_steps - 1, 0))[1]))
-    out: list[list[float]] = []
-    for r in range(rounds):
-        got: list[float] = [0.0] * len(runners)
-        for j in rotation(len(runners), r):
-            m = runners[j].step(cfg.warmup_steps + r)
-            got[j] = float(getattr(m, "step_ms", m))
-        out.append(got)
-    return peaks, out
+    got = measure_runners([_Checkpointed(plain[j]) if ac else plain[j] for j, ac in variants], cfg, rounds)
+    return list(got.peaks), [[float(getattr(m, "step_ms", m)) for m in row] for row in got.rounds]
 
 
 # ------------------------------------------------------------------------------------ in the benchmark

@@ -212,9 +212,14 @@ def measured_worker(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str |
     peak memory measured. A data-parallel plan (which ``PlanSchedule`` does not run) runs on umsearch's own
     launcher session instead.
     """
+    return measure_runners(make_runners(rank, world, jobs, factory, cfg), cfg, rounds)
+
+
+def measure_runners(runners: Sequence[Any], cfg: RunConfig, rounds: int) -> RankRounds:
+    """:func:`measured_worker`'s measurement of ready runners (each with ``step``, ``rank`` and
+    ``peak_step``): warm-up with the last step's peak, then ``rounds`` rounds in rotated order."""
     from umsearch.runtime.fidelity import rotation
 
-    runners = make_runners(rank, world, jobs, factory, cfg)
     peaks = []
     for runner in runners:
         for step in range(cfg.warmup_steps - 1):
@@ -222,8 +227,8 @@ def measured_worker(rank: int, world: int, jobs: Sequence[tuple[str, Plan, str |
         peaks.append((runner.rank, runner.peak_step(max(cfg.warmup_steps - 1, 0))[1]))
     out: list[list[Any]] = []
     for r in range(rounds):
-        measured: list[Any] = [None] * len(jobs)
-        for j in rotation(len(jobs), r):
+        measured: list[Any] = [None] * len(runners)
+        for j in rotation(len(runners), r):
             measured[j] = runners[j].step(cfg.warmup_steps + r)
         out.append(measured)
     return RankRounds(peaks=tuple(peaks), rounds=out)
