@@ -13,10 +13,10 @@ here so that the driver may hand a cluster to ``over_cluster`` without
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -26,10 +26,11 @@ from umsearch.core.cost import CostModel, CostTables
 from umsearch.core.plan import equal_split
 from umsearch.core.profile import Profile
 from umsearch.search.baselines import baselines, counts
+from umsearch.search.chains import Chain, ChainPool, chain_seed
 from umsearch.search.convergence import Convergence
 from umsearch.search.factorize import ClusterPlacement, Factorization, Pruned
 from umsearch.search.genome import POLICY_COUNT, Genome, Rules, genome_of, repair
-from umsearch.search.local import ClimbConfig, Memo, Step, iterated_climb
+from umsearch.search.local import ClimbConfig, Step
 from umsearch.search.operators import (
     Anchors,
     GenomeCrossover,
@@ -42,6 +43,7 @@ from umsearch.search.partition import stage_cuts
 from umsearch.search.problem import GenomeProblem
 from umsearch.search.scoring import Scored, Scorer
 from umsearch.search.space import SearchSpace
+from umsearch.search.workers import worker_count
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,24 +300,25 @@ class Run:
 
     def polish(self, extra: list[Genome]) -> None:
         """Rounds of iterated local search from the best genome of each of the fastest structures (the first
-        round also from ``extra``), while a round improves."""
-        rng = random.Random(self.space.search.seed)
-        memo = Memo(self.score)
-        for r in range(self.space.search.polish_rounds):
-            before = self.best_ms
-            starts = self.starts(self.effort.climb.starts)
-            if r == 0:  # the peers' plans are basins of their own, often next to the best one
-                starts = list(dict.fromkeys(starts + extra))
-            for i, g in enumerate(starts):
+        round also from ``extra``), while a round improves; each round's chains run side by side
+        (:mod:`umsearch.search.chains`), each on its own random stream."""
+        cfg = self.space.search
+        with ChainPool(self.score, self.rules, self.effort.climb, worker_count(cfg.workers)) as pool:
+            for r in range(cfg.polish_rounds):
+                before = self.best_ms
+                starts = self.starts(self.effort.climb.starts)
+                if r == 0:  # the peers' plans are basins of their own, often next to the best one
+                    starts = list(dict.fromkeys(starts + extra))
                 if self.over():
                     break
-                t0, m0 = self.found[g]
-                iterated_climb(Step(genome=g, iteration_ms=t0, max_memory_bytes=m0), memo, self.rules, rng,
-                               self.effort.climb, self.deadline, lambda st: self.keep([st.genome], np.array([st.iteration_ms]),
-                                                                           np.array([st.max_memory_bytes])))  # fmt: skip
-                self.report("polish", i + 1, len(starts))
-            if self.over() or not self.best_ms < before * (1 - 1e-9):
-                break
+                chains = [Chain(start=Step(genome=g, iteration_ms=self.found[g][0], max_memory_bytes=self.found[g][1]),
+                                seed=chain_seed(cfg.seed, r, i)) for i, g in enumerate(starts)]  # fmt: skip
+                results = pool.run(chains, self.deadline, partial(self.report, "polish", total=len(chains)))
+                for res in results:
+                    self.keep([st.genome for st in res.steps], np.array([st.iteration_ms for st in res.steps]),
+                              np.array([st.max_memory_bytes for st in res.steps]))  # fmt: skip
+                if self.over() or not self.best_ms < before * (1 - 1e-9):
+                    break
 
     def front(self) -> list[Scored]:
         """The non-dominated genomes found, as plans (fastest first)."""

@@ -1,14 +1,14 @@
-"""How many cores score candidates: the ``[search] workers`` setting made effective.
+"""How many cores a search uses: the ``[search] workers`` setting made effective.
 
 The search's work is scoring batches of candidates (a population, a polish
-step's neighbours, a baseline's partitions) by the order generator and the
-batch evaluator. Both are compiled loops that split a batch into blocks of
-candidates over numba's worker threads, each candidate computed alone: a
-candidate's time and memory, hence every choice the search makes and the
-plan it returns, do not depend on how many workers there are. Threads rather
-than processes: the genomes and cost tables need no copying, and a batch of
-96 candidates is split in microseconds where a process would pay
-milliseconds of pickling per batch.
+step's neighbours, a baseline's partitions) and, in the polish, drawing and
+repairing the neighbours it scores. Scoring runs in compiled loops that split
+a batch into blocks of candidates over numba's worker threads, each candidate
+computed alone; the polish's chains run side by side in worker processes
+(:mod:`umsearch.search.chains`), each on its own random stream, since most of
+a climb is Python, which threads cannot share. Either way, a candidate's
+time and memory, hence every choice the search makes and the plan it
+returns, do not depend on how many workers there are.
 """
 
 from __future__ import annotations

@@ -1,0 +1,144 @@
+"""Polish chains in worker processes: the same results as in this process, and no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from umsearch.core.cost import CostModel
+from umsearch.core.profile import save_profile
+from umsearch.measure.synthetic import bimodal_profile
+from umsearch.search.chains import Chain, ChainPool, chain_seed
+from umsearch.search.driver import run_search
+from umsearch.search.genome import Rules
+from umsearch.search.local import ClimbConfig, Step
+from umsearch.search.operators import random_genome
+from umsearch.search.partition import stage_cuts
+from umsearch.search.pipeline_search import Progress
+from umsearch.search.scoring import Scorer
+from umsearch.search.space import build_space
+
+CONFIG = ClimbConfig(neighbours=12, patience=2, kicks=3, stall=2)
+
+
+def _space(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
+    profile = bimodal_profile(layers=6, seed=2)
+    path = tmp_path / "p.json"
+    save_profile(profile, path)
+    values = {"profile": str(path), "ranks": 2, "global_batch": 16, "max_microbatch": 16, "population": 16,
+              "generations": 4, "seed": 3, "time_budget_s": 600, "polish_stall": 4, **kw}  # fmt: skip
+    return profile, build_space(values)
+
+
+def _chains(tmp_path: Path, n: int) -> tuple[Scorer, Rules, list[Chain]]:
+    import random
+
+    profile, space = _space(tmp_path)
+    rules = Rules.of(space, profile)
+    tables = CostModel(profile, state_factor=space.state_factor).tables(rules.largest)
+    score = Scorer(rules, tables, space.memory_limit)
+    anchors = {v: [stage_cuts(tables, b, space.ranks * v) for b in (1, rules.largest)] for v in rules.stages_per_rank}
+    rng = random.Random(5)
+    genomes = [random_genome(rules, anchors, rng) for _ in range(n)]
+    t, mem = score.genome_times(genomes)
+    steps = [Step(genome=g, iteration_ms=float(a), max_memory_bytes=float(b)) for g, a, b in zip(genomes, t, mem, strict=True)]
+    return score, rules, [Chain(start=s, seed=chain_seed(7, 0, i)) for i, s in enumerate(steps)]
+
+
+def _gone(pid: int, within_s: float = 30.0) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_chain_seeds_differ_across_searches_rounds_and_chains() -> None:
+    seeds = {chain_seed(s, r, i) for s in range(20) for r in range(5) for i in range(8)}
+    assert len(seeds) == 20 * 5 * 8
+    assert chain_seed(3, 1, 2) == chain_seed(3, 1, 2)
+
+
+def test_chains_find_the_same_in_workers_as_in_this_process(tmp_path: Path) -> None:
+    score, rules, chains = _chains(tmp_path, 3)
+    here = ChainPool(score, rules, CONFIG, workers=1).run(chains)
+    counted = score.count
+    done: list[int] = []
+    with ChainPool(score, rules, CONFIG, workers=2) as pool:
+        there = pool.run(chains, on_done=done.append)
+    assert there == here and all(r.steps for r in here)
+    assert done == [1, 2, 3]
+    # The workers' plans scored are added to the parent's count: the same as scoring them here.
+    assert counted == 3 + sum(r.scored for r in here) and score.count - counted == counted - 3
+
+
+def test_no_worker_outlives_its_pool_even_on_an_error(tmp_path: Path) -> None:
+    score, rules, chains = _chains(tmp_path, 2)
+    with pytest.raises(RuntimeError, match="boom"), ChainPool(score, rules, CONFIG, workers=2) as pool:
+        pool.run(chains)
+        pids = [p.pid for p in pool._processes()._pool]  # type: ignore[attr-defined]
+        raise RuntimeError("boom")
+    assert pids and all(_gone(pid) for pid in pids)
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_by_the_workers(tmp_path: Path) -> None:
+    """Workers start from a blank ``__main__``: the caller's script is not imported in them."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "runs.txt"
+    script = tmp_path / "plain_script.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        f"open({str(marker)!r}, 'a').write('x')\n"
+        "from tests.search.test_chains import _chains, CONFIG\n"
+        "from umsearch.search.chains import ChainPool\n"
+        "from pathlib import Path\n"
+        f"score, rules, chains = _chains(Path({str(tmp_path)!r}), 2)\n"
+        "with ChainPool(score, rules, CONFIG, workers=2) as pool:\n"
+        "    print(len(pool.run(chains)))\n"
+    )  # fmt: skip
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "2" and marker.read_text() == "x"
+
+
+def test_ctrl_c_in_the_polish_keeps_what_was_found_and_stops_the_workers(tmp_path: Path) -> None:
+    profile, space = _space(tmp_path, polish_stall=40, workers=2)
+    sent: list[bool] = []
+    workers: list[int] = []
+    before = _worker_pids()
+
+    def interrupt(p: Progress) -> None:
+        if p.phase == "polish" and not sent:  # the first chain has ended: stop the others
+            sent.append(True)
+            workers.extend(_worker_pids() - before)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    res = run_search(space, profile, on_progress=interrupt)
+    assert sent and res.interrupted and workers
+    assert res.best.iteration_ms <= min(b.iteration_ms for b in res.baselines.values() if b is not None)
+    assert all(_gone(pid) for pid in workers)
+
+
+def _worker_pids() -> set[int]:
+    """Processes running multiprocessing's code but the fork server (which lives as long as this process)."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)  # type: ignore[attr-defined]
+    out = set()
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and int(p) != server and b"multiprocessing" in Path(f"/proc/{p}/cmdline").read_bytes():
+                out.add(int(p))
+        except OSError:
+            pass
+    return out
