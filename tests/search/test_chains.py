@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
