@@ -141,3 +141,19 @@ def _worker_pids() -> set[int]:
         except OSError:
             pass
     return out
+
+
+def test_chains_run_here_when_no_worker_process_can_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import umsearch.search.chains as chains_module
+
+    score, rules, chains = _chains(tmp_path, 2)
+    here = ChainPool(score, rules, CONFIG, workers=1).run(chains)
+    counted = score.count
+
+    def refuse() -> None:
+        raise OSError(28, "No space left on device")  # what a full /dev/shm says
+
+    monkeypatch.setattr(chains_module, "_context", refuse)
+    with ChainPool(score, rules, CONFIG, workers=2) as pool:
+        assert pool.run(chains) == here and pool.workers == 1
+    assert score.count - counted == counted - 2

@@ -142,22 +142,27 @@ class ChainPool:
         """Every chain's result, in chain order; ``on_done(n)`` after the n-th chain ends (in any order).
         Plans the workers scored are added to ``score.count``."""
         results: list[ChainResult | None] = [None] * len(chains)
-        elsewhere = self.workers > 1 and len(chains) > 1
-        for done, (i, res) in enumerate(self._results(chains, deadline), start=1):
+        for done, (i, res, elsewhere) in enumerate(self._results(chains, deadline), start=1):
             results[i] = res
-            if elsewhere:
+            if elsewhere:  # a worker process scored with its own copy of the scorer
                 self.score.count += res.scored
             if on_done is not None:
                 on_done(done)
         return [r for r in results if r is not None]
 
-    def _results(self, chains: Sequence[Chain], deadline: float) -> Iterator[tuple[int, ChainResult]]:
-        if self.workers == 1 or len(chains) == 1:
-            for i, chain in enumerate(chains):
-                yield i, run_chain(self.score, self.rules, chain, self.config, deadline)
-            return
-        try:
-            yield from self._processes().imap_unordered(_in_worker, [(i, c, deadline) for i, c in enumerate(chains)])
-        except KeyboardInterrupt:
-            self.close()
-            raise
+    def _results(self, chains: Sequence[Chain], deadline: float) -> Iterator[tuple[int, ChainResult, bool]]:
+        if self.workers > 1 and len(chains) > 1:
+            try:
+                pool = self._processes()
+            except OSError:  # no processes to be had (no /dev/shm for their locks, a process limit): same results here
+                self.workers = 1
+            else:
+                try:
+                    for i, res in pool.imap_unordered(_in_worker, [(i, c, deadline) for i, c in enumerate(chains)]):
+                        yield i, res, True
+                except KeyboardInterrupt:
+                    self.close()
+                    raise
+                return
+        for i, chain in enumerate(chains):
+            yield i, run_chain(self.score, self.rules, chain, self.config, deadline), False
