@@ -158,7 +158,8 @@ def included(path: str) -> dict[str, Any] | None:
                                               "ratio", "lower_bound_ms", "gap_to_bound")} for r in doc["rows"]]  # fmt: skip
         out["least_ratio"] = doc.get("least_ratio")
     if "workloads" in doc:
-        out["plans_per_s"] = {w: {k: v["median"] for k, v in d["plans_per_s"].items()} for w, d in doc["workloads"].items()}
+        out["plans_per_s"] = {w: {k: v["median"] for k, v in d.get("plans_per_s", d.get("genomes_per_s", {})).items()}
+                              for w, d in doc["workloads"].items()}  # fmt: skip
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,7 @@ def test_no_worker_outlives_its_pool_even_on_an_error(tmp_path: Path) -> None:
     score, rules, chains = _chains(tmp_path, 2)
     with pytest.raises(RuntimeError, match="boom"), ChainPool(score, rules, CONFIG, workers=2) as pool:
         pool.run(chains)
-        pids = [p.pid for p in pool._processes()._pool]  # type: ignore[attr-defined]
+        pids = _pids(pool)
         raise RuntimeError("boom")
     assert pids and all(_gone(pid) for pid in pids)
 
@@ -157,3 +158,26 @@ def test_chains_run_here_when_no_worker_process_can_start(tmp_path: Path, monkey
     with ChainPool(score, rules, CONFIG, workers=2) as pool:
         assert pool.run(chains) == here and pool.workers == 1
     assert score.count - counted == counted - 2
+
+
+def _pids(pool: ChainPool) -> list[int]:
+    assert pool._pool is not None
+    return list(pool._pool._processes)  # type: ignore[attr-defined]
+
+
+def test_chains_a_killed_worker_left_run_here(tmp_path: Path) -> None:
+    score, rules, chains = _chains(tmp_path, 3)
+    config = replace(CONFIG, kicks=12, stall=12)
+    here = ChainPool(score, rules, config, workers=1).run(chains)
+    killed: list[int] = []
+    with ChainPool(score, rules, config, workers=2) as pool:
+
+        def kill(done: int) -> None:
+            if not killed:  # one chain has ended; the others run in the workers: kill them all
+                killed.extend(_pids(pool))
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+
+        assert pool.run(chains, on_done=kill) == here
+        assert pool.workers == 1  # the rest ran here
+    assert killed and all(_gone(pid) for pid in killed)

@@ -20,9 +20,10 @@ import random
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing.pool import Pool
 from types import ModuleType, TracebackType
 
 import numba
@@ -108,11 +109,12 @@ def _context() -> mp.context.BaseContext:
 
 class ChainPool:
     """Runs chains of one scorer: in this process with one worker, else in ``workers`` processes
-    (started on first use, stopped on leaving the ``with`` block, whatever ended it)."""
+    (started on first use, stopped on leaving the ``with`` block, whatever ended it). Where no process
+    can start, or one dies, the chains left run here: the results are the same."""
 
     def __init__(self, score: Scorer, rules: Rules, config: ClimbConfig, workers: int) -> None:
         self.score, self.rules, self.config, self.workers = score, rules, config, max(1, workers)
-        self._pool: Pool | None = None
+        self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> ChainPool:
         return self
@@ -124,18 +126,12 @@ class ChainPool:
         """Stop the worker processes (none are left behind): ``now`` kills them mid-chain, else they
         end once idle."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            if now:
-                pool.terminate()
-            else:
-                pool.close()
-            pool.join()
-
-    def _processes(self) -> Pool:
-        if self._pool is None:
-            with _main_hidden():
-                self._pool = _context().Pool(self.workers, _start_worker, (self.score, self.rules, self.config))
-        return self._pool
+        if pool is None:
+            return
+        if now:  # the executor can only wait for its jobs (before Python 3.14): end its processes first
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
 
     def run(self, chains: Sequence[Chain], deadline: float = math.inf,
             on_done: Callable[[int], None] | None = None) -> list[ChainResult]:  # fmt: skip
@@ -151,18 +147,27 @@ class ChainPool:
         return [r for r in results if r is not None]
 
     def _results(self, chains: Sequence[Chain], deadline: float) -> Iterator[tuple[int, ChainResult, bool]]:
+        left = dict(enumerate(chains))
         if self.workers > 1 and len(chains) > 1:
             try:
-                pool = self._processes()
-            except OSError:  # no processes to be had (no /dev/shm for their locks, a process limit): same results here
+                for i, res in self._elsewhere(left, deadline):
+                    del left[i]
+                    yield i, res, True
+            except (OSError, BrokenProcessPool):  # no /dev/shm for the locks, a process limit, a worker killed
+                self.close()
                 self.workers = 1
-            else:
-                try:
-                    for i, res in pool.imap_unordered(_in_worker, [(i, c, deadline) for i, c in enumerate(chains)]):
-                        yield i, res, True
-                except KeyboardInterrupt:
-                    self.close()
-                    raise
-                return
-        for i, chain in enumerate(chains):
+        for i, chain in left.items():
             yield i, run_chain(self.score, self.rules, chain, self.config, deadline), False
+
+    def _elsewhere(self, chains: dict[int, Chain], deadline: float) -> Iterator[tuple[int, ChainResult]]:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_start_worker,
+                                             initargs=(self.score, self.rules, self.config))  # fmt: skip
+        with _main_hidden():  # workers start as jobs are submitted
+            jobs = [self._pool.submit(_in_worker, (i, c, deadline)) for i, c in chains.items()]
+        try:
+            for job in as_completed(jobs):
+                yield job.result()
+        except KeyboardInterrupt:
+            self.close()
+            raise
