@@ -117,8 +117,8 @@ class SearchTable:
         "relative gain below which a structure counts as stalled (0.001: 0.1%)", dest="tolerance", kind="float",
         bounds=(0, 1)))  # fmt: skip
     workers: int = field(default=0, metadata=option(
-        "threads that score candidates, each batch split among them (0: every core this process may use); the "
-        "plan does not depend on it", dest="workers", kind="int", bounds=(0, 1024), default_doc="cores available"))  # fmt: skip
+        "cores a search uses: threads that score each batch and processes that run the polish's chains (0: every "
+        "core this process may use); the plan does not depend on it", dest="workers", kind="int", bounds=(0, 1024), default_doc="cores available"))  # fmt: skip
     time_budget_s: float = field(default=120.0, metadata=option(
         "safety stop: after this many seconds keep the best found (the result then depends on machine speed; the "
         "CLI says so)", dest="time_budget_s", kind="float", bounds=(0, 7 * 86400), aliases=("--time-budget",)))  # fmt: skip
