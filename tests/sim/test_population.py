@@ -12,7 +12,8 @@ from tests.strategies import dp_plans, partitions, plans, profiles
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import Plan
 from umsearch.core.samples import spans
-from umsearch.sim.population import BatchResult, _producers, decode, encode, evaluate, pack
+from umsearch.sim.action_rows import _producers
+from umsearch.sim.population import BatchResult, decode, encode, evaluate, pack
 from umsearch.sim.reference import simulate
 from umsearch.sim.result import SimResult
 

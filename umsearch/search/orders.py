@@ -20,7 +20,7 @@ and nothing is on its way, the earliest such forward goes ahead anyway (a
 relaxation), so generation never deadlocks. Each action starts at
 ``max(end of the rank's previous action, arrival of its inputs)`` and is
 timed as the evaluator's loop times it, on the evaluator's own per-candidate
-tables (``population._prepare``: the rules of :mod:`umsearch.core.actions`
+tables (``action_rows.prepare``: the rules of :mod:`umsearch.core.actions`
 worked out once per stage and kind as slots and 0/1 factors, so no decision
 branches on an action's kind), so the times, busy times and memory this
 returns equal what :func:`umsearch.sim.population.evaluate` computes for the
@@ -47,33 +47,33 @@ from umsearch.search.genome import Genome, Rules
 from umsearch.sim.jit import njit
 from umsearch.sim.kernels import action_code, memory_delta
 from umsearch.sim.population import (
-    _ADD,
-    _ADD_FIXED,
-    _CROSS,
-    _DST,
-    _F_HI,
-    _F_LO,
-    _FLOAT_COLS,
-    _INT_COLS,
-    _READ_AT,
-    _READ_STEP,
-    _RECV_BYTES,
-    _REL,
-    _REL_FIXED,
-    _RERUN,
-    _SCALE,
-    _SEND_AT,
-    _SEND_BYTES,
-    _SEND_STEP,
-    _SENDS,
-    _SLOT,
-    _T_HI,
-    _T_LO,
+    ADD,
+    ADD_FIXED,
+    CROSS,
+    DST,
+    F_HI,
+    F_LO,
+    FLOAT_COLS,
+    INT_COLS,
+    READ_AT,
+    READ_STEP,
+    RECV_BYTES,
+    REL,
+    REL_FIXED,
+    RERUN,
+    SCALE,
+    SEND_AT,
+    SEND_BYTES,
+    SEND_STEP,
+    SENDS,
+    SLOT,
+    T_HI,
+    T_LO,
     ArrayPlan,
     FloatArray,
     IntArray,
-    _prepare,
     offsets,
+    prepare,
     scratch_sizes,
     stage_memory,
 )
@@ -249,7 +249,7 @@ def _generate_all(  # type: ignore[no-untyped-def]
     max_s, max_r, max_g, _, max_b = scratch_sizes(stage_ptr, rank_ptr, lo, hi, fwd, fwd_ptr, bwd, bwd_ptr)
     # Candidates are independent: blocks of them run on numba's threads, each with its own scratch.
     for blk in prange(blocks):
-        # Per slot (the evaluator's, see population._prepare): its size, the producer slots it reads and
+        # Per slot (the evaluator's, see action_rows.prepare): its size, the producer slots it reads and
         # their samples, and its delivery (-1: not yet).
         slot_size = np.empty(max_s, np.int64)
         offset = np.empty(max_s, np.int64)
@@ -258,8 +258,8 @@ def _generate_all(  # type: ignore[no-untyped-def]
         samples = np.empty(max_s, np.int64)
         owner = np.empty(max_b, np.int64)
         deliv = np.empty(max_s)
-        row_int = np.empty((4 * max_g, _INT_COLS), np.int64)  # per (stage, kind): see population._prepare
-        row_float = np.empty((4 * max_g, _FLOAT_COLS))
+        row_int = np.empty((4 * max_g, INT_COLS), np.int64)  # per (stage, kind): see action_rows.prepare
+        row_float = np.empty((4 * max_g, FLOAT_COLS))
         ints = np.empty((STAGE_ROWS, max_g), np.int64)
         stash_in = np.empty((2, max_g))  # per stage, bytes a forward adds per sample and per microbatch (docs/model.md 5)
         link = np.empty((max_r, max_r, 3))  # per directed rank pair: last arrival, latency, ms per byte
@@ -269,7 +269,7 @@ def _generate_all(  # type: ignore[no-untyped-def]
         for c in range(blk * n // blocks, (blk + 1) * n // blocks):
             s0, S = stage_ptr[c], stage_ptr[c + 1] - stage_ptr[c]
             r0, R = rank_ptr[c], rank_ptr[c + 1] - rank_ptr[c]
-            _prepare(s0, S, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, sizes, layers, out_bytes,
+            prepare(s0, S, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, sizes, layers, out_bytes,
                      stage_mem, slot_size, offset, owner, first, last, samples, row_int, row_float)  # fmt: skip
             _setup(s0, S, R, r0, rank, recompute, split, cap, fwd_ptr, bwd_ptr, act_ptr, stage_mem, state_factor,
                    memory_limit, latency, ms_per_byte, deliv, local, ints, rint, rflt, stash_in, mem, busy,
@@ -292,7 +292,7 @@ def _setup(s0, S, R, r0, rank, recompute, split, cap, fwd_ptr, bwd_ptr, act_ptr,
            state_factor, memory_limit, latency, ms_per_byte, deliv, local, ints, rint, rflt, stash_in, mem, busy,
            link):  # fmt: skip
     """Reset the state for one candidate: nothing delivered (but the slots that read no producer,
-    population._prepare's: delivered at 0), every stage's counters and fixed facts, every rank's local
+    action_rows.prepare's: delivered at 0), every stage's counters and fixed facts, every rank's local
     stages (ascending, ``local[rint[LOCAL, r] : rint[LOCAL, r + 1]]``), its actions in all, its budget
     under the memory limit, its links (to itself: free), and what a forward of each stage adds per
     sample and per microbatch, its fixed stash (from ``stage_mem``, :func:`stage_memory`)."""
@@ -339,7 +339,7 @@ def _generate_one(  # type: ignore[no-untyped-def]
     c, r0, R, rank_cap, w_cap, policy, act_ptr, times, layers, op_oh, msg_oh, msg_per_byte, act, mem, busy,
     relaxed, slot_size, first, last, samples, deliv, row_int, row_float, ints, stash_in, link, rint, rflt, local,
 ):  # fmt: skip
-    """Generate candidate c's lists (its state from :func:`_setup`, its tables from population._prepare);
+    """Generate candidate c's lists (its state from :func:`_setup`, its tables from action_rows.prepare);
     returns False only if no rank could go on (a bug, never expected).
 
     The rank that decides earliest takes its policy's choice (:data:`POLICIES`) and runs it: the timing of
@@ -392,11 +392,11 @@ def _generate_one(  # type: ignore[no-untyped-def]
                         kind = ints[STARTS, uj] if backward else F
                         k = ints[B_NEXT, uj] if backward else ints[F_NEXT, uj]
                         row = _u(4 * j + kind)
-                        size = slot_size[_u(row_int[row, _SLOT] + k)]
+                        size = slot_size[_u(row_int[row, SLOT] + k)]
                         if k >= ints[N_BWD if backward else N_FWD, uj] or (  # none left, or forwards to run first
                                 backward and ints[FORWARDED, uj] < ints[BACKWARDED, uj] + size):  # fmt: skip
                             continue
-                        reads = _u(row_int[row, _READ_AT] + k * row_int[row, _READ_STEP])
+                        reads = _u(row_int[row, READ_AT] + k * row_int[row, READ_STEP])
                         lo_m, hi_m = first[reads], last[reads]
                         d_lo, d_hi = deliv[_u(lo_m)], deliv[_u(hi_m)]
                         d, low = max(d_lo, d_hi), min(d_lo, d_hi)
@@ -428,29 +428,29 @@ def _generate_one(  # type: ignore[no-untyped-def]
         # Run it: docs/model.md section 4's timing, then section 5's memory, then the counters.
         row = _u(4 * g + kind)
         k = ints[NEXT_ROW[kind], _u(g)]
-        reads = _u(row_int[row, _READ_AT] + k * row_int[row, _READ_STEP])
+        reads = _u(row_int[row, READ_AT] + k * row_int[row, READ_STEP])
         start = max(rflt[LAST_END, ur], ready)
-        size = slot_size[_u(row_int[row, _SLOT] + k)]
+        size = slot_size[_u(row_int[row, SLOT] + k)]
         at = size * layers
-        dur = times[_u(row_int[row, _T_HI] + at)] - times[_u(row_int[row, _T_LO] + at)]
-        dur += row_float[row, _RERUN] * (times[_u(row_int[row, _F_HI] + at)] - times[_u(row_int[row, _F_LO] + at)])
-        dur *= row_float[row, _SCALE]
+        dur = times[_u(row_int[row, T_HI] + at)] - times[_u(row_int[row, T_LO] + at)]
+        dur += row_float[row, RERUN] * (times[_u(row_int[row, F_HI] + at)] - times[_u(row_int[row, F_LO] + at)])
+        dur *= row_float[row, SCALE]
         # One message per producer by its full size, and one sent, each only across ranks.
-        need = row_float[row, _CROSS] * ((last[reads] - first[reads] + 1) * msg_oh + msg_per_byte *
-                                         samples[reads] * row_float[row, _RECV_BYTES])  # fmt: skip
-        sent_ms = row_float[row, _SENDS] * (1 * msg_oh + msg_per_byte * size * row_float[row, _SEND_BYTES])
+        need = row_float[row, CROSS] * ((last[reads] - first[reads] + 1) * msg_oh + msg_per_byte *
+                                         samples[reads] * row_float[row, RECV_BYTES])  # fmt: skip
+        sent_ms = row_float[row, SENDS] * (1 * msg_oh + msg_per_byte * size * row_float[row, SEND_BYTES])
         end = start + dur + op_oh + need + sent_ms
-        dst = _u(row_int[row, _DST])  # its own rank when it sends nothing: a link that costs nothing
-        arrival = max(end, link[ur, dst, 0]) + (link[ur, dst, 1] + size * row_float[row, _SEND_BYTES] *
+        dst = _u(row_int[row, DST])  # its own rank when it sends nothing: a link that costs nothing
+        arrival = max(end, link[ur, dst, 0]) + (link[ur, dst, 1] + size * row_float[row, SEND_BYTES] *
                                                 link[ur, dst, 2])  # fmt: skip
         link[ur, dst, 0] = arrival
-        deliv[_u(row_int[row, _SEND_AT] + k * row_int[row, _SEND_STEP])] = arrival
+        deliv[_u(row_int[row, SEND_AT] + k * row_int[row, SEND_STEP])] = arrival
         if rint[WAITING, dst]:  # wake a waiting consumer, no earlier than its own last end (its own rank: set below)
             rflt[DECIDE_AT, dst] = min(rflt[DECIDE_AT, dst], max(arrival, rflt[LAST_END, dst]))
-        add = (row_float[row, _ADD] * size + row_float[row, _ADD_FIXED] + row_float[row, _ADD + 1] * size +
-               row_float[row, _ADD + 2] * size + row_float[row, _ADD + 3] * size)
-        rel = (row_float[row, _REL] * size + row_float[row, _REL_FIXED] + row_float[row, _REL + 1] * size +
-               row_float[row, _REL + 2] * size + row_float[row, _REL + 3] * size)
+        add = (row_float[row, ADD] * size + row_float[row, ADD_FIXED] + row_float[row, ADD + 1] * size +
+               row_float[row, ADD + 2] * size + row_float[row, ADD + 3] * size)
+        rel = (row_float[row, REL] * size + row_float[row, REL_FIXED] + row_float[row, REL + 1] * size +
+               row_float[row, REL + 2] * size + row_float[row, REL + 3] * size)
         level = rflt[LEVEL, ur] + add
         mem[_u(r0 + r)] = max(mem[_u(r0 + r)], level)
         rflt[LEVEL, ur] = level - rel
@@ -495,7 +495,7 @@ def _relax(R, rint, rflt, local, ints, row_int, first, last, deliv):  # type: ig
             k = ints[F_NEXT, g]
             if k >= ints[N_FWD, g]:
                 continue
-            d = _ready(row_int[4 * g + F, _READ_AT] + k * row_int[4 * g + F, _READ_STEP], first, last, deliv)
+            d = _ready(row_int[4 * g + F, READ_AT] + k * row_int[4 * g + F, READ_STEP], first, last, deliv)
             if d >= 0.0 and max(d, rflt[LAST_END, r]) < best_t:
                 best_t, best_r, best_g = max(d, rflt[LAST_END, r]), r, g
     if best_r >= 0:

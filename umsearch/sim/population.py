@@ -14,7 +14,7 @@ rules are those of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``,
 ``ready_at``) spelled out inline in the per-action loop, as calls passing
 arrays cost their reference counts on every action; the action rules of
 :mod:`umsearch.core.actions` are called as compiled, once per candidate for
-each stage and kind (:func:`_prepare`), into small tables of slots and 0/1
+each stage and kind (:func:`umsearch.sim.action_rows.prepare`), into small tables of slots and 0/1
 factors, so the loop takes no branch on an action's kind (a mispredicted
 branch costs more than the arithmetic it skips) and indexes arrays with
 unsigned integers (numba adds no negative-index fix-up for those). Memory
@@ -48,7 +48,7 @@ import numpy.typing as npt
 from numba import get_num_threads, prange
 
 from umsearch.core import cluster as cl
-from umsearch.core.actions import MAX_STAGES, Action, B, F
+from umsearch.core.actions import MAX_STAGES, Action
 from umsearch.core.cluster import (
     DEFAULT_BUCKET_MIB,
     DEFAULT_LAYOUT,
@@ -61,21 +61,41 @@ from umsearch.core.cluster import (
 from umsearch.core.cost import CostTables
 from umsearch.core.plan import Plan, Stage
 from umsearch.errors import PlanError
+from umsearch.sim.action_rows import (
+    ADD,
+    ADD_FIXED,
+    CROSS,
+    DST,
+    END_AT,
+    F_HI,
+    F_LO,
+    FLOAT_COLS,
+    INT_COLS,
+    READ_AT,
+    READ_STEP,
+    RECV_BYTES,
+    REL,
+    REL_FIXED,
+    RERUN,
+    SCALE,
+    SEND_AT,
+    SEND_BYTES,
+    SEND_STEP,
+    SENDS,
+    SLOT,
+    T_HI,
+    T_LO,
+    TOOK_AT,
+    prepare,
+)
 from umsearch.sim.jit import njit
 from umsearch.sim.kernels import (
     code_kind,
     code_mb,
     code_stage,
-    consumer_stage,
     device_state_factor,
     ends_backward,
     hands_on,
-    memory_delta,
-    on_forward_list,
-    received_boundary,
-    reruns_forward,
-    sent_boundary,
-    source_stage,
 )
 
 bucket_firsts = njit(cache=True)(cl.bucket_firsts)
@@ -86,6 +106,7 @@ ring_ms = njit(cache=True)(cl.ring_ms)
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+_u = np.uint64  # an index known not to be negative: no wraparound code
 
 def offsets(lengths: npt.ArrayLike) -> IntArray:
     """CSR offsets of consecutive runs of the given lengths: ``[0, l0, l0 + l1, ...]``."""
@@ -465,8 +486,8 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
         owner = np.empty(max_b, np.int64)
         deliv = np.empty(max_s)
         waiter = np.empty(max_s, np.int64)
-        row_int = np.empty((4 * max_g, _INT_COLS), np.int64)  # per (stage, kind): see _prepare
-        row_float = np.empty((4 * max_g, _FLOAT_COLS))
+        row_int = np.empty((4 * max_g, INT_COLS), np.int64)  # per (stage, kind): see prepare
+        row_float = np.empty((4 * max_g, FLOAT_COLS))
         link = np.empty((max_r, max_r, 3))  # link[src, dst]: arrival of its last message, latency, ms/byte
         pos = np.empty(max_r, np.int64)
         clock = np.empty(max_r)
@@ -485,7 +506,7 @@ def _evaluate_all(  # type: ignore[no-untyped-def]
             n_slots = fwd_ptr[s0 + S] - fwd_ptr[s0] + bwd_ptr[s0 + S] - bwd_ptr[s0]
             D = replicas[c]
             factor = device_state_factor(state_factor, D, zero1[c])
-            _prepare(s0, S, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, times.shape[1],
+            prepare(s0, S, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, times.shape[1],
                      times.shape[2], out_bytes, stage_mem, slot_size, offset, owner, first, last, samples, row_int, row_float)
             last_end[:R] = 0.0
             ready[:S] = 0.0
@@ -597,166 +618,12 @@ def _bucket_end(  # type: ignore[no-untyped-def]
     return last
 
 
-# A candidate's per-(stage, kind) tables, row ``4 * stage + kind`` (filled by :func:`_prepare`): what the
-# action rules of :mod:`umsearch.core.actions` say of that kind on that stage, as indices and factors
-# the per-action loop uses without a branch. Integer columns:
-_SLOT = 0  # first slot of the stage's list the kind indexes
-_READ_AT, _READ_STEP = 1, 2  # microbatch k reads the producers of slot READ_AT + k * READ_STEP (the idle slot: none)
-_SEND_AT, _SEND_STEP = 3, 4  # and delivers to slot SEND_AT + k * SEND_STEP (the spare slot: nothing to deliver)
-_END_AT, _TOOK_AT = 5, 6  # where it writes its end and duration (the stage's last B/W; the spare slot: nowhere)
-_DST = 7  # the rank its message goes to (its own: no message, a link that costs nothing)
-_T_HI, _T_LO, _F_HI, _F_LO = 8, 9, 10, 11  # its own and the forward's layer times in the flattened times
-_INT_COLS = 12
-# Float columns: 0/1 factors (exact: every term they scale is finite), bytes per sample, scale.
-_CROSS, _SENDS, _RERUN, _SEND_BYTES, _RECV_BYTES, _SCALE = 0, 1, 2, 3, 4, 5
-# docs/model.md 5: per sample, each of the stage's four terms as the kind adds it before the peak (ADD..ADD+3)
-# and releases it after (REL..REL+3), and the stash's fixed part likewise (ADD_FIXED, REL_FIXED).
-_ADD, _REL, _ADD_FIXED, _REL_FIXED = 6, 10, 14, 15
-_FLOAT_COLS = 16
-_u = np.uint64  # an index known not to be negative: no wraparound code
-
-
-@njit(cache=True)
-def _producers(sizes, offset, sb, se, rb, re, owner, first, last, samples):  # type: ignore[no-untyped-def]
-    """For each receiver slot q of ``rb..re-1``, the first and last sender slot of ``sb..se-1`` holding
-    its samples (as :func:`umsearch.core.samples.spans`) and their samples in all. ``sizes`` and
-    ``offset`` (its first sample in its list) per slot; ``owner`` is scratch for one list's samples.
-
-    Many microbatches for their samples: without a branch per slot, each sample's sender a running
-    count of the senders that ended before it (a mispredicted branch per slot costs more). Few: one
-    linear merge."""
-    total = offset[_u(se - 1)] + sizes[_u(se - 1)]
-    if total > 4 * (se - sb + re - rb):
-        _merge(sizes, sb, se, rb, re, first, last)
-    else:
-        for x in range(total):
-            owner[_u(x)] = 0
-        for m in range(sb + 1, se):
-            owner[_u(offset[_u(m)])] += 1
-        at = sb
-        for x in range(total):
-            at += owner[_u(x)]
-            owner[_u(x)] = at
-        for q in range(rb, re):
-            first[_u(q)] = owner[_u(offset[_u(q)])]
-            last[_u(q)] = owner[_u(offset[_u(q)] + sizes[_u(q)] - 1)]
-    for q in range(rb, re):
-        samples[_u(q)] = offset[_u(last[_u(q)])] + sizes[_u(last[_u(q)])] - offset[_u(first[_u(q)])]
-
-
-@njit(cache=True)
-def _merge(sizes, sb, se, rb, re, first, last):  # type: ignore[no-untyped-def]
-    """:func:`_producers`' first and last sender slots by one linear merge (:func:`umsearch.core.samples.spans`)."""
-    m = sb
-    end = sizes[_u(m)]
-    start = 0
-    for q in range(rb, re):
-        stop = start + sizes[_u(q)]
-        first[_u(q)] = m
-        while end < stop:
-            m += 1
-            end += sizes[_u(m)]
-        last[_u(q)] = m
-        start = stop
-        if end == stop and m + 1 < se:
-            m += 1
-            end += sizes[_u(m)]
-
-
-@njit(cache=True)
-def _prepare(  # type: ignore[no-untyped-def]
-    s0, S, lo, hi, rank, recompute, scale, fwd, fwd_ptr, bwd, bwd_ptr, sizes, layers, out_bytes, stage_mem,
-    slot_size, offset, owner, first, last, samples, row_int, row_float,
-):  # fmt: skip
-    """Fill the per-slot arrays and per-(stage, kind) rows of the candidate of stages ``s0..s0+S-1``.
-
-    Slots: forward k of stage g is slot ``fwd_ptr[g] - fwd_ptr[s0] + k``, backward k slot ``n_f +
-    bwd_ptr[g] - bwd_ptr[s0] + k``; then per stage its last B/W end (``n_slots + j``) and that action's
-    duration (``n_slots + S + j``); then the spare slot (written, never read) and the idle slot (its
-    own producer, delivered at 0). Per slot: its size, the first and last producer slot it reads (the
-    source stage's list, :func:`umsearch.core.actions.source_stage`) and their samples. ``times`` is
-    flattened: ``sizes`` by ``layers`` per kind."""
-    f_base, b_base = fwd_ptr[s0], bwd_ptr[s0]
-    n_f = fwd_ptr[s0 + S] - f_base
-    n_slots = n_f + bwd_ptr[s0 + S] - b_base
-    spare, idle = n_slots + 2 * S, n_slots + 2 * S + 1
-    for q in range(n_f):
-        slot_size[_u(q)] = fwd[_u(f_base + q)]
-    for q in range(n_f, n_slots):
-        slot_size[_u(q)] = bwd[_u(b_base + q - n_f)]
-    for g in range(s0, s0 + S):  # each slot's first sample in its list
-        for listed in (F, B):
-            n = 0
-            for q in range(_list_slot(listed, g, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           _list_slot(listed, g + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f)):
-                offset[_u(q)] = n
-                n += slot_size[_u(q)]
-    first[idle] = last[idle] = idle
-    samples[idle] = 0
-    for j in range(S):
-        for listed in (F, B):  # the producers of its forward list, then of its backward list
-            p = source_stage(listed, j, S)
-            if p >= 0:
-                _producers(slot_size, offset, _list_slot(listed, s0 + p, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           _list_slot(listed, s0 + p + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           _list_slot(listed, s0 + j, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           _list_slot(listed, s0 + j + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           owner, first, last, samples)  # fmt: skip
-    for j in range(S):
-        g = s0 + j
-        for kind in range(4):
-            row = 4 * j + kind
-            p = source_stage(kind, j, S)
-            to = consumer_stage(kind, j, S)
-            dst = rank[s0 + to] if to >= 0 else rank[g]
-            ends = ends_backward(kind)
-            base = _list_slot(kind, g, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
-            row_int[row, _SLOT] = base
-            row_int[row, _READ_AT], row_int[row, _READ_STEP] = (base, 1) if p >= 0 else (idle, 0)
-            row_int[row, _SEND_AT], row_int[row, _SEND_STEP] = (base, 1) if to >= 0 else (spare, 0)
-            row_int[row, _END_AT] = n_slots + j if ends else spare
-            row_int[row, _TOOK_AT] = n_slots + S + j if ends else spare
-            row_int[row, _DST] = dst
-            row_int[row, _T_HI] = kind * sizes * layers + hi[g]
-            row_int[row, _T_LO] = kind * sizes * layers + lo[g]
-            row_int[row, _F_HI] = F * sizes * layers + hi[g]
-            row_int[row, _F_LO] = F * sizes * layers + lo[g]
-            row_float[row, _CROSS] = p >= 0 and rank[s0 + p] != rank[g]
-            row_float[row, _SENDS] = dst != rank[g]
-            row_float[row, _RERUN] = reruns_forward(kind, recompute[g])
-            row_float[row, _SEND_BYTES] = out_bytes[sent_boundary(kind, lo[g], hi[g])]
-            row_float[row, _RECV_BYTES] = out_bytes[received_boundary(kind, lo[g], hi[g])]
-            row_float[row, _SCALE] = scale[g]
-            _memory_row(kind, recompute[g], stage_mem[g, 0], stage_mem[g, 1], stage_mem[g, 2], stage_mem[g, 3],
-                        stage_mem[g, 4], row_float[row])
-
-
-@njit(cache=True)
-def _memory_row(kind, rec, stash, inp, kept, freed, fixed, out):  # type: ignore[no-untyped-def]
-    """Into ``out`` (a row of :func:`_prepare`'s float table): per sample, each docs/model.md 5 term of
-    its stage (:func:`stage_memory`: ``stash``, ``inp``, ``kept``, ``freed``, per sample; ``fixed`` per
-    microbatch) as an action of kind code ``kind`` adds it and releases it (the rule on one term at a
-    time). Its coefficients are 0 or +-1, so the per-action sum of these times the size is, bit for bit,
-    the rule on the terms times the size (the stash's fixed part added to its term)."""
-    out[_ADD], out[_REL] = memory_delta(kind, rec, stash, 0.0, 0.0, 0.0)
-    out[_ADD + 1], out[_REL + 1] = memory_delta(kind, rec, 0.0, inp, 0.0, 0.0)
-    out[_ADD + 2], out[_REL + 2] = memory_delta(kind, rec, 0.0, 0.0, kept, 0.0)
-    out[_ADD + 3], out[_REL + 3] = memory_delta(kind, rec, 0.0, 0.0, 0.0, freed)
-    out[_ADD_FIXED], out[_REL_FIXED] = memory_delta(kind, rec, fixed, 0.0, 0.0, 0.0)
-
-
-@njit(cache=True)
-def _list_slot(kind, g, fwd_ptr, bwd_ptr, f_base, b_base, n_f):  # type: ignore[no-untyped-def]
-    """The first slot of stage ``g``'s list that kind code ``kind`` indexes (``g`` one past the last stage: the end)."""
-    return fwd_ptr[g] - f_base if on_forward_list(kind) else n_f + bwd_ptr[g] - b_base
-
-
 @njit(cache=True)
 def _one(  # type: ignore[no-untyped-def]
     S, R, r0, n_slots, act, act_ptr, times, layers, op_oh, msg_oh, msg_per_byte,
     slot_size, first, last, samples, row_int, row_float, deliv, waiter, link, pos, clock, level, stack, mem, busy,
 ):  # fmt: skip
-    """Run one replica of a candidate (its tables from :func:`_prepare`, its links in ``link``, see
+    """Run one replica of a candidate (its tables from :func:`prepare`, its links in ``link``, see
     :func:`_set_links`, its ranks ``r0..r0+R-1``) to the end or to a deadlock; returns True on deadlock.
     Leaves each rank's end in ``clock``, its activation peak in ``mem[r0 + r]`` and busy time in ``busy[r0 + r]``; ``deliv[n_slots + j]`` at stage j's last B/W end and
     ``deliv[n_slots + S + j]`` at that action's duration.
@@ -764,7 +631,7 @@ def _one(  # type: ignore[no-untyped-def]
     The rules of :mod:`umsearch.sim.kernels` (``finish``, ``needed_ms``, ``ready_at``) are spelled out
     inline here, on scalars and this function's own arguments: a kernel call taking arrays costs their
     reference counts on every action (ARCHITECTURE.md). What the action rules of :mod:`umsearch.core.actions`
-    say of each stage and kind was worked out once (:func:`_prepare`), as slots and 0/1 factors, so an
+    say of each stage and kind was worked out once (:func:`prepare`), as slots and 0/1 factors, so an
     action takes no branch on its kind: a mispredicted branch costs more than the arithmetic it skips.
     Memory multiplies the stage's docs/model.md 5 terms per sample (:func:`stage_memory`) by the size
     and adds the stash's fixed part to the stash.
@@ -789,7 +656,7 @@ def _one(  # type: ignore[no-untyped-def]
             kind = code_kind(code)
             row = 4 * code_stage(code) + kind
             k = code_mb(code)
-            reads = row_int[_u(row), _READ_AT] + k * row_int[_u(row), _READ_STEP]
+            reads = row_int[_u(row), READ_AT] + k * row_int[_u(row), READ_STEP]
             lo_m, hi_m = first[_u(reads)], last[_u(reads)]
             d_lo, d_hi = deliv[_u(lo_m)], deliv[_u(hi_m)]
             ready = max(d_lo, d_hi)
@@ -805,24 +672,24 @@ def _one(  # type: ignore[no-untyped-def]
                         break
                 break
             start = max(t_r, ready)
-            slot = row_int[_u(row), _SLOT] + k
+            slot = row_int[_u(row), SLOT] + k
             size = slot_size[_u(slot)]
             at = size * layers
-            dur = times[_u(row_int[_u(row), _T_HI] + at)] - times[_u(row_int[_u(row), _T_LO] + at)]
-            dur += row_float[_u(row), _RERUN] * (times[_u(row_int[_u(row), _F_HI] + at)] - times[_u(row_int[_u(row), _F_LO] + at)])
-            dur *= row_float[_u(row), _SCALE]
+            dur = times[_u(row_int[_u(row), T_HI] + at)] - times[_u(row_int[_u(row), T_LO] + at)]
+            dur += row_float[_u(row), RERUN] * (times[_u(row_int[_u(row), F_HI] + at)] - times[_u(row_int[_u(row), F_LO] + at)])
+            dur *= row_float[_u(row), SCALE]
             # One message per producer by its full size, and one sent, each only across ranks.
-            need = row_float[_u(row), _CROSS] * ((hi_m - lo_m + 1) * msg_oh + msg_per_byte * samples[_u(reads)] *
-                                            row_float[_u(row), _RECV_BYTES])  # fmt: skip
-            sent_ms = row_float[_u(row), _SENDS] * (1 * msg_oh + msg_per_byte * size * row_float[_u(row), _SEND_BYTES])
+            need = row_float[_u(row), CROSS] * ((hi_m - lo_m + 1) * msg_oh + msg_per_byte * samples[_u(reads)] *
+                                            row_float[_u(row), RECV_BYTES])  # fmt: skip
+            sent_ms = row_float[_u(row), SENDS] * (1 * msg_oh + msg_per_byte * size * row_float[_u(row), SEND_BYTES])
             end = start + dur + op_oh + need + sent_ms
-            deliv[_u(row_int[_u(row), _END_AT])] = end  # the stage's latest backward end so far (its rank runs in order)
-            deliv[_u(row_int[_u(row), _TOOK_AT])] = end - start
-            dst = row_int[_u(row), _DST]  # after the link's previous message
-            arrival = max(end, link[_u(r), _u(dst), 0]) + (link[_u(r), _u(dst), 1] + size * row_float[_u(row), _SEND_BYTES] *
+            deliv[_u(row_int[_u(row), END_AT])] = end  # the stage's latest backward end so far (its rank runs in order)
+            deliv[_u(row_int[_u(row), TOOK_AT])] = end - start
+            dst = row_int[_u(row), DST]  # after the link's previous message
+            arrival = max(end, link[_u(r), _u(dst), 0]) + (link[_u(r), _u(dst), 1] + size * row_float[_u(row), SEND_BYTES] *
                                                   link[_u(r), _u(dst), 2])  # fmt: skip
             link[_u(r), _u(dst), 0] = arrival
-            sent = row_int[_u(row), _SEND_AT] + k * row_int[_u(row), _SEND_STEP]
+            sent = row_int[_u(row), SEND_AT] + k * row_int[_u(row), SEND_STEP]
             deliv[_u(sent)] = arrival
             w = waiter[_u(sent)]
             if w >= 0:
@@ -830,12 +697,12 @@ def _one(  # type: ignore[no-untyped-def]
                 stack[top_of_stack] = w
                 top_of_stack += 1
             # Memory (docs/model.md 5): additions, the peak, then releases.
-            add = (row_float[_u(row), _ADD] * size + row_float[_u(row), _ADD_FIXED] +
-                   row_float[_u(row), _ADD + 1] * size + row_float[_u(row), _ADD + 2] * size +
-                   row_float[_u(row), _ADD + 3] * size)
-            rel = (row_float[_u(row), _REL] * size + row_float[_u(row), _REL_FIXED] +
-                   row_float[_u(row), _REL + 1] * size + row_float[_u(row), _REL + 2] * size +
-                   row_float[_u(row), _REL + 3] * size)
+            add = (row_float[_u(row), ADD] * size + row_float[_u(row), ADD_FIXED] +
+                   row_float[_u(row), ADD + 1] * size + row_float[_u(row), ADD + 2] * size +
+                   row_float[_u(row), ADD + 3] * size)
+            rel = (row_float[_u(row), REL] * size + row_float[_u(row), REL_FIXED] +
+                   row_float[_u(row), REL + 1] * size + row_float[_u(row), REL + 2] * size +
+                   row_float[_u(row), REL + 3] * size)
             lvl += add
             peak = max(peak, lvl)
             lvl -= rel
