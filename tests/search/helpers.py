@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import strategies as st
 
 from tests.strategies import partitions
 from umsearch.core.plan import Plan
 from umsearch.core.plan_rules import validate_plan
+from umsearch.core.profile import Profile, save_profile
+from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.genome import POLICY_COUNT, Genome, Rules, repair
+from umsearch.search.space import SearchSpace, build_space
 
 
 @st.composite
@@ -80,3 +85,13 @@ def assert_plan_obeys(plan: Plan, rules: Rules) -> None:
     """A generated plan is docs/model.md-valid and within the space."""
     validate_plan(plan, rules.num_layers)
     assert plan.ranks == rules.ranks and plan.global_batch == rules.batch
+
+
+def small_bimodal_space(tmp_path: Path, **kw: object) -> tuple[Profile, SearchSpace]:
+    """A 6-layer two-regime profile on 2 ranks, B = 16, a short search (seed 3): fast whole searches."""
+    profile = bimodal_profile(layers=6, seed=2)
+    path = tmp_path / "p.json"
+    save_profile(profile, path)
+    values = {"profile": str(path), "ranks": 2, "global_batch": 16, "max_microbatch": 16, "population": 16,
+              "generations": 4, "seed": 3, "time_budget_s": 600, "polish_stall": 4, **kw}  # fmt: skip
+    return profile, build_space(values)

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.search.helpers import small_bimodal_space
 from umsearch.core.cost import CostModel
-from umsearch.core.profile import save_profile
-from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.chains import Chain, ChainPool, chain_seed
 from umsearch.search.driver import run_search
 from umsearch.search.genome import Rules
@@ -21,24 +20,14 @@ from umsearch.search.operators import random_genome
 from umsearch.search.partition import stage_cuts
 from umsearch.search.pipeline_search import Progress
 from umsearch.search.scoring import Scorer
-from umsearch.search.space import build_space
 
 CONFIG = ClimbConfig(neighbours=12, patience=2, kicks=3, stall=2)
-
-
-def _space(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
-    profile = bimodal_profile(layers=6, seed=2)
-    path = tmp_path / "p.json"
-    save_profile(profile, path)
-    values = {"profile": str(path), "ranks": 2, "global_batch": 16, "max_microbatch": 16, "population": 16,
-              "generations": 4, "seed": 3, "time_budget_s": 600, "polish_stall": 4, **kw}  # fmt: skip
-    return profile, build_space(values)
 
 
 def _chains(tmp_path: Path, n: int) -> tuple[Scorer, Rules, list[Chain]]:
     import random
 
-    profile, space = _space(tmp_path)
+    profile, space = small_bimodal_space(tmp_path)
     rules = Rules.of(space, profile)
     tables = CostModel(profile, state_factor=space.state_factor).tables(rules.largest)
     score = Scorer(rules, tables, space.memory_limit)
@@ -112,7 +101,7 @@ def test_a_script_without_a_main_guard_is_not_run_again_by_the_workers(tmp_path:
 
 
 def test_ctrl_c_in_the_polish_keeps_what_was_found_and_stops_the_workers(tmp_path: Path) -> None:
-    profile, space = _space(tmp_path, polish_stall=40, workers=2)
+    profile, space = small_bimodal_space(tmp_path, polish_stall=40, workers=2)
     sent: list[bool] = []
     workers: list[int] = []
     before = _worker_pids()

@@ -10,25 +10,14 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from tests.search.helpers import small_bimodal_space
 from umsearch.core.cost import CostModel
-from umsearch.core.profile import save_profile
-from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.driver import run_search
 from umsearch.search.genome import Rules
 from umsearch.search.operators import random_genome
 from umsearch.search.partition import stage_cuts
 from umsearch.search.scoring import Scorer
-from umsearch.search.space import build_space
 from umsearch.search.workers import available_cores, worker_count, workers
-
-
-def _space(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
-    profile = bimodal_profile(layers=6, seed=2)
-    path = tmp_path / "p.json"
-    save_profile(profile, path)
-    values = {"profile": str(path), "ranks": 2, "global_batch": 16, "max_microbatch": 16, "population": 16,
-              "generations": 4, "seed": 3, "time_budget_s": 600, "polish_stall": 4, **kw}  # fmt: skip
-    return profile, build_space(values)
 
 
 def test_the_default_is_every_core_this_process_may_use() -> None:
@@ -46,7 +35,7 @@ def test_workers_set_the_threads_inside_and_restore_them_after() -> None:
 
 
 def test_scores_do_not_depend_on_the_worker_count(tmp_path: Path) -> None:
-    profile, space = _space(tmp_path)
+    profile, space = small_bimodal_space(tmp_path)
     rules = Rules.of(space, profile)
     tables = CostModel(profile, state_factor=space.state_factor).tables(rules.largest)
     anchors = {v: [stage_cuts(tables, b, space.ranks * v) for b in (1, rules.largest)] for v in rules.stages_per_rank}
@@ -61,7 +50,7 @@ def test_scores_do_not_depend_on_the_worker_count(tmp_path: Path) -> None:
 
 
 def test_same_seed_same_plan_for_any_worker_count(tmp_path: Path) -> None:
-    profile, space = _space(tmp_path)
+    profile, space = small_bimodal_space(tmp_path)
     one = run_search(replace(space, search=replace(space.search, workers=1)), profile)
     two = run_search(replace(space, search=replace(space.search, workers=2)), profile)
     assert two.best.plan == one.best.plan and two.best.iteration_ms == one.best.iteration_ms
