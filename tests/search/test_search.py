@@ -6,21 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.search.helpers import small_bimodal_space
 from umsearch.core.plan_rules import validate_plan
 from umsearch.core.profile import save_profile
 from umsearch.errors import NoFeasiblePlanError
-from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.driver import Progress, run_search
 from umsearch.search.space import build_space
 
 
 def _space(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
-    profile = bimodal_profile(layers=6, seed=2)
-    path = tmp_path / "p.json"
-    save_profile(profile, path)
-    values = {"profile": str(path), "ranks": 2, "global_batch": 16, "max_microbatch": 16, "population": 24,
-              "generations": 6, "seed": 1, "time_budget_s": 600, "polish_stall": 12, **kw}  # fmt: skip
-    return profile, build_space(values)
+    return small_bimodal_space(tmp_path, **{"population": 24, "generations": 6, "seed": 1, "polish_stall": 12, **kw})
 
 
 def _peers(res):  # type: ignore[no-untyped-def]
