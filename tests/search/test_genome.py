@@ -20,7 +20,7 @@ from umsearch.search.genome import (
     repair_sequence,
     shaped_sequence,
 )
-from umsearch.search.moves import Genes, memory_move, moves_for
+from umsearch.search.moves import Genes, memory_move, moves_for, neighbour
 from umsearch.search.space import build_space
 
 
@@ -54,6 +54,18 @@ def test_fresh_repair_equals_full_repair(rules: Rules, data: st.DataObject) -> N
     if any(g.recompute):
         raw = replace(raw, backward=tuple(edited[i] if not g.recompute[i] else b for i, b in enumerate(g.backward)))
     assert repair(raw, rules, {j}) == repair(raw, rules)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules_st(), st.data())
+def test_a_neighbour_of_a_valid_genome_needs_no_full_check(rules: Rules, data: st.DataObject) -> None:
+    """Told that its genome is valid, ``neighbour`` checks only what its moves touched: the same genome, valid."""
+    g = data.draw(genomes(rules))
+    seed, moves = data.draw(st.integers(0, 2**32)), data.draw(st.integers(1, 5))
+    trusted = neighbour(g, rules, random.Random(seed), moves, valid=True)
+    assert trusted == neighbour(g, rules, random.Random(seed), moves)
+    assert_obeys(trusted, rules)
+    assert repair(trusted, rules) == trusted
 
 
 def test_repair_sequence_examples() -> None:

@@ -130,9 +130,16 @@ class Rules:
             return [0.0] * (len(cuts) - 1)
         return [sum(self.stash[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
 
+    @cached_property
+    def _placements(self) -> dict[tuple[int, str], tuple[int, ...]]:
+        return {}
+
     def placement_of(self, v: int, kind: str) -> tuple[int, ...]:
-        """The rank of each of the ``R * v`` stages."""
-        return placement("vshape" if v > 1 and kind == "vshape" else "loop", self.ranks, v)
+        """The rank of each of the ``R * v`` stages (remembered: every candidate scored asks)."""
+        out = self._placements.get((v, kind))
+        if out is None:
+            out = self._placements[v, kind] = placement("vshape" if v > 1 and kind == "vshape" else "loop", self.ranks, v)
+        return out
 
 
 def _binds(space: SearchSpace, profile: Profile) -> bool:
@@ -172,6 +179,20 @@ class Genome:
     @property
     def stages(self) -> int:
         return len(self.cuts) - 1
+
+    def __hash__(self) -> int:
+        """The dataclass's hash of every field, computed once: a climb hashes each genome several times (its
+        memo, the search's record of what it found), and a genome is some hundred small ints."""
+        h: int | None = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.v, self.placement, self.cuts, self.forward, self.backward, self.recompute, self.split,
+                      self.cap, self.rank_cap, self.w_cap, self.policy))  # fmt: skip
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict[str, object]:
+        # Without the cached hash: a string's hash differs between processes (a chain's worker is another one).
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 def greedy_split(batch: int, size: int) -> tuple[int, ...]:
@@ -242,9 +263,7 @@ def repair(g: Genome, rules: Rules, fresh: Collection[int] | None = None) -> Gen
     """
     if fresh is not None and _knobs_ok(g, rules):
         f_lists, b_lists = list(g.forward), list(g.backward)
-        for j in fresh:
-            f_lists[j] = rules.fixed(f_lists[j])
-            b_lists[j] = rules.fixed(b_lists[j]) if g.recompute[j] else f_lists[j]
+        repair_lists(f_lists, b_lists, g.recompute, fresh, rules)
         if f_lists == list(g.forward) and b_lists == list(g.backward):
             return g
         return replace(g, forward=tuple(f_lists), backward=tuple(b_lists))
@@ -269,6 +288,15 @@ def repair(g: Genome, rules: Rules, fresh: Collection[int] | None = None) -> Gen
     fixed = Genome(v=v, placement=kind, cuts=cuts, forward=fwd, backward=bwd, recompute=rec, split=split,
                    cap=cap, rank_cap=rank_cap, w_cap=w_cap, policy=policy)  # fmt: skip
     return g if fixed == g else fixed
+
+
+def repair_lists(forward: list[tuple[int, ...]], backward: list[tuple[int, ...]], recompute: Sequence[bool],
+                 fresh: Collection[int], rules: Rules) -> None:  # fmt: skip
+    """The ``fresh`` stages' lists made valid in place (a stage that does not recompute gets its forward
+    list as its backward one)."""
+    for j in fresh:
+        forward[j] = rules.fixed(forward[j])
+        backward[j] = rules.fixed(backward[j]) if recompute[j] else forward[j]
 
 
 def _knobs_ok(g: Genome, rules: Rules) -> bool:

@@ -93,7 +93,8 @@ def climb(start: Step, score: Memo, rules: Rules, rng: random.Random, config: Cl
     """
     cur, fails = start, 0
     while fails < config.patience and time.perf_counter() < deadline:
-        cands = [neighbour(cur.genome, rules, rng, moves=rng.randrange(1, 4)) for _ in range(config.neighbours)]
+        cands = [neighbour(cur.genome, rules, rng, moves=rng.randrange(1, 4), valid=True)
+                 for _ in range(config.neighbours)]
         t, mem = score.genome_times(cands)
         i = int(np.argmin(t))
         if t[i] < cur.iteration_ms * (1 - 1e-12):
@@ -116,7 +117,7 @@ def iterated_climb(start: Step, score: Memo, rules: Rules, rng: random.Random,
         if time.perf_counter() >= deadline or misses >= config.stall:
             break
         misses += 1
-        jump = neighbour(best.genome, rules, rng, moves=config.kick_moves)
+        jump = neighbour(best.genome, rules, rng, moves=config.kick_moves, valid=True)
         t, mem = score.genome_times([jump])
         if not np.isfinite(t[0]):
             continue

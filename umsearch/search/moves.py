@@ -22,6 +22,7 @@ from umsearch.search.genome import (
     default_rank_caps,
     repair,
     repair_cuts,
+    repair_lists,
     shaped_sequence,
 )
 
@@ -54,18 +55,23 @@ class Genes:
     w_cap: list[int]
     policy: list[int]
     fresh: set[int] | None
+    knobs_valid: bool = False
+    """Whether everything but the ``fresh`` lists is known to obey the rules: the genome taken apart did,
+    and no move since touched cuts or caps (the moves that can break them clear it)."""
 
     @classmethod
-    def of(cls, g: Genome) -> Genes:
+    def of(cls, g: Genome, valid: bool = False) -> Genes:
+        """``g`` taken apart; ``valid``: ``g`` is known to obey the rules (it came from :func:`repair`)."""
         return cls(v=g.v, placement=g.placement, cuts=list(g.cuts), forward=list(g.forward), backward=list(g.backward),
                    recompute=list(g.recompute), split=list(g.split), cap=list(g.cap), rank_cap=list(g.rank_cap),
-                   w_cap=list(g.w_cap), policy=list(g.policy), fresh=set())  # fmt: skip
+                   w_cap=list(g.w_cap), policy=list(g.policy), fresh=set(), knobs_valid=valid)  # fmt: skip
 
     def copy(self) -> Genes:
         return Genes(v=self.v, placement=self.placement, cuts=list(self.cuts), forward=list(self.forward),
                      backward=list(self.backward), recompute=list(self.recompute), split=list(self.split),
                      cap=list(self.cap), rank_cap=list(self.rank_cap), w_cap=list(self.w_cap),
-                     policy=list(self.policy), fresh=None if self.fresh is None else set(self.fresh))  # fmt: skip
+                     policy=list(self.policy), fresh=None if self.fresh is None else set(self.fresh),
+                     knobs_valid=self.knobs_valid)  # fmt: skip
 
     def set_list(self, which: list[tuple[int, ...]], j: int, values: Sequence[int]) -> None:
         """Stage ``j``'s forward or backward list (``which``) becomes ``values``; a stage that does not
@@ -77,11 +83,15 @@ class Genes:
             self.fresh.add(j)
 
     def to_genome(self, rules: Rules) -> Genome:
+        """The genome, repaired (see :func:`~umsearch.search.genome.repair`)."""
+        ready = self.fresh is not None and self.knobs_valid
+        if ready:  # only the fresh lists can break the rules: mend them before the genome is built, once
+            repair_lists(self.forward, self.backward, self.recompute, self.fresh or (), rules)
         g = Genome(v=self.v, placement=self.placement, cuts=tuple(self.cuts), forward=tuple(self.forward),
                    backward=tuple(self.backward), recompute=tuple(self.recompute), split=tuple(self.split),
                    cap=tuple(self.cap), rank_cap=tuple(self.rank_cap), w_cap=tuple(self.w_cap),
                    policy=tuple(self.policy))  # fmt: skip
-        return repair(g, rules, self.fresh)
+        return g if ready else repair(g, rules, self.fresh)
 
 
 def _split(seq: list[int], rules: Rules, rng: Rng) -> list[int]:
@@ -173,6 +183,7 @@ def cut_move(g: Genes, rules: Rules, rng: Rng) -> None:
     i = rng.randrange(1, len(g.cuts) - 1)
     step = 1 if rng.random() < 0.7 else rng.randrange(2, 4)
     g.cuts[i] += step if rng.random() < 0.5 else -step
+    g.knobs_valid = False  # the cuts may cross
 
 
 def cap_move(g: Genes, rules: Rules, rng: Rng) -> None:
@@ -182,6 +193,7 @@ def cap_move(g: Genes, rules: Rules, rng: Rng) -> None:
     which = range(len(caps)) if rng.random() < 0.3 else [rng.randrange(len(caps))]
     for j in which:
         caps[j] = max(1, int(round(caps[j] * f)) + (1 if f > 1 else -1 if caps[j] > 1 else 0))
+    g.knobs_valid = False  # a cap may pass its ceiling
 
 
 def rank_knob_move(g: Genes, rules: Rules, rng: Rng) -> None:
@@ -274,10 +286,11 @@ def moves_for(rules: Rules) -> tuple[PlanMove, ...]:
     return tuple(moves)
 
 
-def neighbour(g: Genome, rules: Rules, rng: Rng, moves: int = 1) -> Genome:
-    """``g`` after ``moves`` random moves, repaired."""
+def neighbour(g: Genome, rules: Rules, rng: Rng, moves: int = 1, *, valid: bool = False) -> Genome:
+    """``g`` after ``moves`` random moves, repaired; ``valid``: ``g`` is known to obey ``rules`` (the
+    repair then checks only what the moves touched). The same genome either way."""
     table = moves_for(rules)
-    genes = Genes.of(g)
+    genes = Genes.of(g, valid)
     for _ in range(moves):
         table[rng.randrange(len(table))](genes, rules, rng)
     return genes.to_genome(rules)

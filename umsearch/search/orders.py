@@ -147,31 +147,35 @@ class PackedGenomes:
 
 def pack_genomes(genomes: Sequence[Genome], rules: Rules) -> PackedGenomes:
     """Flatten (valid) genomes for :func:`generate`."""
-    ranks = [np.asarray(rules.placement_of(g.v, g.placement), dtype=np.int64) for g in genomes]
-    fwd_len = np.fromiter((len(f) for g in genomes for f in g.forward), dtype=np.int64)
-    bwd_len = np.fromiter((len(b) for g in genomes for b in g.backward), dtype=np.int64)
-    split = np.fromiter((s for g in genomes for s in g.split), dtype=np.bool_)
-    rank = np.concatenate(ranks)
+    chain = itertools.chain.from_iterable
+    places = [rules.placement_of(g.v, g.placement) for g in genomes]
+    n_stages = np.fromiter(map(len, places), dtype=np.int64, count=len(genomes))
+    S = int(n_stages.sum())
+    stage_ptr = offsets(n_stages)
+    rank = np.fromiter(chain(places), dtype=np.int64, count=S)
+    # Every genome's S + 1 cuts in a row: its stages' lo are all but its last, their hi all but its first.
+    cuts = np.fromiter(chain(g.cuts for g in genomes), dtype=np.int64, count=S + len(genomes))
+    cut_ptr = stage_ptr + np.arange(len(genomes) + 1)
+    lo, hi = np.delete(cuts, cut_ptr[1:] - 1), np.delete(cuts, cut_ptr[:-1])
+    fwd_len = np.fromiter((len(f) for g in genomes for f in g.forward), dtype=np.int64, count=S)
+    bwd_len = np.fromiter((len(b) for g in genomes for b in g.backward), dtype=np.int64, count=S)
+    split = np.fromiter(chain(g.split for g in genomes), dtype=np.bool_, count=S)
     # Actions per rank: every forward, and every backward as B or as I and W.
     per_stage = fwd_len + bwd_len * (1 + split)
-    stage_ptr = offsets([len(r) for r in ranks])
     R = rules.ranks
     per_rank = np.zeros(len(genomes) * R, dtype=np.int64)
-    cand = np.repeat(np.arange(len(genomes)), [len(r) for r in ranks])
-    np.add.at(per_rank, cand * R + rank, per_stage)
-    cuts = [np.asarray(g.cuts, dtype=np.int64) for g in genomes]
-    chain = itertools.chain.from_iterable
+    np.add.at(per_rank, np.repeat(np.arange(len(genomes)), n_stages) * R + rank, per_stage)
     fwd = np.fromiter(chain(chain(g.forward for g in genomes)), dtype=np.int64, count=int(fwd_len.sum()))
     bwd = np.fromiter(chain(chain(g.backward for g in genomes)), dtype=np.int64, count=int(bwd_len.sum()))
     return PackedGenomes(
-        stage_ptr=stage_ptr, lo=np.concatenate([c[:-1] for c in cuts]), hi=np.concatenate([c[1:] for c in cuts]),
-        rank=rank, recompute=np.fromiter((r for g in genomes for r in g.recompute), dtype=np.bool_),
-        split=split, cap=np.fromiter((c for g in genomes for c in g.cap), dtype=np.int64),
+        stage_ptr=stage_ptr, lo=lo, hi=hi, rank=rank,
+        recompute=np.fromiter(chain(g.recompute for g in genomes), dtype=np.bool_, count=S),
+        split=split, cap=np.fromiter(chain(g.cap for g in genomes), dtype=np.int64, count=S),
         fwd=fwd, fwd_ptr=offsets(fwd_len), bwd=bwd, bwd_ptr=offsets(bwd_len),
         rank_ptr=np.arange(len(genomes) + 1, dtype=np.int64) * R,
-        rank_cap=np.fromiter((c for g in genomes for c in g.rank_cap), dtype=np.int64),
-        w_cap=np.fromiter((c for g in genomes for c in g.w_cap), dtype=np.int64),
-        policy=np.fromiter((d for g in genomes for d in g.policy), dtype=np.int64),
+        rank_cap=np.fromiter(chain(g.rank_cap for g in genomes), dtype=np.int64, count=len(genomes) * R),
+        w_cap=np.fromiter(chain(g.w_cap for g in genomes), dtype=np.int64, count=len(genomes) * R),
+        policy=np.fromiter(chain(g.policy for g in genomes), dtype=np.int64, count=len(genomes) * R),
         act_ptr=offsets(per_rank),
     )  # fmt: skip
 
