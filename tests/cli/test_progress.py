@@ -161,6 +161,7 @@ def test_search_prints_progress_lines_on_stderr_and_clean_json_on_stdout(
         "[search] 7/7 baselines · best - · scored 80 · elapsed 0:00",
         "[search] 1/1 first pass · best 9.000 ms · scored 290 · elapsed 0:00",
         "[search] 1/1 nsga2 · best 9.000 ms · scored 318 · elapsed 0:00",
-        # Plans scored follow the polish chains' random streams (one per chain: umsearch/search/chains.py).
-        "[search] 3/3 polish · best 9.000 ms · scored 17412 · elapsed 0:00",
+        # Plans scored follow the polish chains' random streams (one per chain: umsearch/search/chains.py) and
+        # their list descents (umsearch/search/local.py).
+        "[search] 3/3 polish · best 9.000 ms · scored 17441 · elapsed 0:00",
     ]

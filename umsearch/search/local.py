@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from umsearch.search.genome import Genome, Rules
-from umsearch.search.moves import neighbour
+from umsearch.search.moves import list_neighbours, neighbour
 from umsearch.search.scoring import FloatArray, Scorer
 
 
@@ -43,6 +43,11 @@ class ClimbConfig:
     """Random moves per jump."""
     stall: int = 12
     """Jumps in a row without gain after which the search stops jumping."""
+    descent_margin: float = 0.005
+    """A climb ending within this fraction of the best so far is finished by :func:`descend` (0.005: 0.5%;
+    negative: never). A random sample of neighbours misses the one list edit that still gains, and the
+    climbs that end close to the best are the ones worth it: on the two-regime profile, 0.005 took seeds
+    that ended 0.8-1.1% behind the best to within 0.2%, at a fifth of the extra cost of finishing every climb."""
 
 
 MEMO_SIZE = 20_000
@@ -109,9 +114,13 @@ def climb(start: Step, score: Memo, rules: Rules, rng: random.Random, config: Cl
 def iterated_climb(start: Step, score: Memo, rules: Rules, rng: random.Random,
                    config: ClimbConfig = ClimbConfig(), deadline: float = math.inf,
                    on_step: StepHook | None = None) -> Step:  # fmt: skip
-    """:func:`climb`, then ``config.kicks`` times: jump from the best and climb again, keeping the
-    result only if it is faster. Returns the best step."""
-    best = climb(start, score, rules, rng, config, deadline, on_step)
+    """:func:`climb` and :func:`descend`, then ``config.kicks`` times: jump from the best and climb again
+    (and descend, if the climb ended close to the best), keeping the result only if it is faster. Returns
+    the best step."""
+    climbed = climb(start, score, rules, rng, config, deadline, on_step)
+    best = descend(climbed, score, rules, deadline)
+    if best is not climbed and on_step is not None:
+        on_step(best)
     misses = 0
     for _ in range(config.kicks):
         if time.perf_counter() >= deadline or misses >= config.stall:
@@ -123,8 +132,26 @@ def iterated_climb(start: Step, score: Memo, rules: Rules, rng: random.Random,
             continue
         trial = climb(Step(genome=jump, iteration_ms=float(t[0]), max_memory_bytes=float(mem[0])), score, rules, rng,
                       config, deadline)
+        if trial.iteration_ms < best.iteration_ms * (1 + config.descent_margin):
+            trial = descend(trial, score, rules, deadline)
         if trial.iteration_ms < best.iteration_ms * (1 - 1e-12):
             best, misses = trial, 0
             if on_step is not None:
                 on_step(best)
     return best
+
+
+def descend(start: Step, score: Memo, rules: Rules, deadline: float = math.inf) -> Step:
+    """Steepest descent from ``start`` over every list edit (:func:`~umsearch.search.moves.list_neighbours`),
+    one batch per step, until none is faster; returns the last step (``start`` itself if none was)."""
+    cur = start
+    while time.perf_counter() < deadline:
+        cands = list_neighbours(cur.genome, rules)
+        if not cands:
+            break
+        t, mem = score.genome_times(cands)
+        i = int(np.argmin(t))
+        if not t[i] < cur.iteration_ms * (1 - 1e-12):
+            break
+        cur = Step(genome=cands[i], iteration_ms=float(t[i]), max_memory_bytes=float(mem[i]))
+    return cur

@@ -268,6 +268,39 @@ def structure_move(g: Genes, rules: Rules, rng: Rng) -> None:
     g.rank_cap = list(default_rank_caps(rules, v, g.forward))
 
 
+def list_edits(seq: Sequence[int]) -> list[list[int]]:
+    """Every one-step edit of a microbatch list: one sample moved across each boundary either way, each
+    neighbouring pair merged, each microbatch halved (the rules may still snap the result)."""
+    s = list(seq)
+    out: list[list[int]] = []
+    for j in range(len(s) - 1):
+        for d in (1, -1):
+            if s[j] + d >= 1 and s[j + 1] - d >= 1:
+                out.append(s[:j] + [s[j] + d, s[j + 1] - d] + s[j + 2 :])
+        out.append(s[:j] + [s[j] + s[j + 1]] + s[j + 2 :])
+    out += [s[:j] + [v // 2, v - v // 2] + s[j + 1 :] for j, v in enumerate(s) if v > 1]
+    return out
+
+
+def list_neighbours(g: Genome, rules: Rules) -> list[Genome]:
+    """Every distinct genome one :func:`list_edits` edit away from ``g`` (valid): each distinct forward list
+    edited on all the stages that share it, and on each of them alone. Deterministic, in a fixed order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for j, f in enumerate(g.forward):
+        groups.setdefault(f, []).append(j)
+    out: dict[Genome, None] = {}
+    for seq, stages in groups.items():
+        targets = [stages] + ([[j] for j in stages] if len(stages) > 1 else [])
+        for edit in list_edits(seq):
+            for chosen in targets:
+                genes = Genes.of(g, valid=True)
+                for j in chosen:
+                    genes.set_list(genes.forward, j, edit)
+                out[genes.to_genome(rules)] = None
+    out.pop(g, None)
+    return list(out)
+
+
 PlanMove = Callable[[Genes, Rules, Rng], None]
 
 
