@@ -161,22 +161,30 @@ def test_a_signal_while_search_writes_its_outputs_ends_with_its_code_and_complet
 def test_a_signal_during_the_start_up_imports_ends_with_its_code_and_one_line(tmp_path: Path, sig: int,
                                                                               code: int) -> None:  # fmt: skip
     """``python -v`` reports each import as it happens: the signal lands once the CLI's own imports run."""
+    import fcntl
+
+    # A one-page pipe: the child blocks once a page ahead of this reader, so it is still importing when the
+    # signal is sent (with the default 64 KiB it could finish --help and exit 0 before this test read that far).
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
     proc = subprocess.Popen([sys.executable, "-v", "-m", "umsearch", "search", "--help"], env=_env(), cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stderr is not None
+                            stdout=subprocess.DEVNULL, stderr=w)  # fmt: skip
+    os.close(w)
+    stderr = os.fdopen(r)
     seen: list[str] = []
     deadline = time.monotonic() + 300
-    for line in proc.stderr:
+    for line in stderr:
         seen.append(line)
         if "umsearch.cli.entry" in line and line.startswith("import "):
             break  # the handlers are set right after this module's import
         assert time.monotonic() < deadline
-    for line in proc.stderr:  # then wait for an import the CLI itself asks for
+    for line in stderr:  # then wait for an import the CLI itself asks for
         seen.append(line)
         if line.startswith("import 'click") or line.startswith("import 'rich"):
             proc.send_signal(sig)
             break
-    rest = proc.stderr.read()
+    with stderr:
+        rest = stderr.read()
     assert proc.wait(timeout=300) == code, "".join(seen[-5:]) + rest
     assert "Traceback" not in rest and "error: interrupted" in rest
 

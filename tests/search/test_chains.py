@@ -112,21 +112,28 @@ def test_ctrl_c_in_the_polish_keeps_what_was_found_and_stops_the_workers(tmp_pat
             workers.extend(_worker_pids() - before)
             os.kill(os.getpid(), signal.SIGINT)
 
-    res = run_search(space, profile, on_progress=interrupt)
+    # Ctrl-C as in a fresh process (KeyboardInterrupt), whatever handler an earlier test left installed.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        res = run_search(space, profile, on_progress=interrupt)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert sent and res.interrupted and workers
     assert res.best.iteration_ms <= min(b.iteration_ms for b in res.baselines.values() if b is not None)
     assert all(_gone(pid) for pid in workers)
 
 
 def _worker_pids() -> set[int]:
-    """Processes running multiprocessing's code but the fork server (which lives as long as this process)."""
+    """Processes running multiprocessing's code but the fork server and the resource tracker (which live as
+    long as this process; the first pool a test process starts starts them too)."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver._forkserver, "_forkserver_pid", None)  # type: ignore[attr-defined]
     out = set()
     for p in os.listdir("/proc"):
         try:
-            if p.isdigit() and int(p) != server and b"multiprocessing" in Path(f"/proc/{p}/cmdline").read_bytes():
+            cmdline = Path(f"/proc/{p}/cmdline").read_bytes()
+            if p.isdigit() and int(p) != server and b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
                 out.add(int(p))
         except OSError:
             pass
