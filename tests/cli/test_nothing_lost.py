@@ -167,8 +167,8 @@ def test_a_signal_during_the_start_up_imports_ends_with_its_code_and_one_line(tm
     # signal is sent (with the default 64 KiB it could finish --help and exit 0 before this test read that far).
     r, w = os.pipe()
     fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
-    # The child starts as from a shell, Ctrl-C not ignored: a child inherits an ignored SIGINT, and in the full
-    # suite something before this test leaves this process's SIGINT ignored (not found yet).
+    # The child starts as from a terminal, Ctrl-C not ignored: a child inherits an ignored SIGINT, and pytest
+    # itself runs with SIGINT ignored when a non-interactive shell started it in the background (`make test &`).
     proc = subprocess.Popen([sys.executable, "-v", "-m", "umsearch", "search", "--help"], env=_env(), cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=w,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip

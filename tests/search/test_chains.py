@@ -112,7 +112,8 @@ def test_ctrl_c_in_the_polish_keeps_what_was_found_and_stops_the_workers(tmp_pat
             workers.extend(_worker_pids() - before)
             os.kill(os.getpid(), signal.SIGINT)
 
-    # Ctrl-C as in a fresh process (KeyboardInterrupt), whatever handler an earlier test left installed.
+    # Ctrl-C as in a process started from a terminal (KeyboardInterrupt): pytest runs with SIGINT ignored when a
+    # non-interactive shell started it in the background.
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         res = run_search(space, profile, on_progress=interrupt)

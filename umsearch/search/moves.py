@@ -57,7 +57,10 @@ class Genes:
     fresh: set[int] | None
     knobs_valid: bool = False
     """Whether everything but the ``fresh`` lists is known to obey the rules: the genome taken apart did,
-    and no move since touched cuts or caps (the moves that can break them clear it)."""
+    and no move since broke a cut (the move that can, clears it when it does)."""
+    caps_over: bool = False
+    """Whether a cap may have passed its ceiling (the only way a cap move breaks the rules; the genome is built
+    with it lowered to the ceiling, as the repair would)."""
 
     @classmethod
     def of(cls, g: Genome, valid: bool = False) -> Genes:
@@ -71,7 +74,7 @@ class Genes:
                      backward=list(self.backward), recompute=list(self.recompute), split=list(self.split),
                      cap=list(self.cap), rank_cap=list(self.rank_cap), w_cap=list(self.w_cap),
                      policy=list(self.policy), fresh=None if self.fresh is None else set(self.fresh),
-                     knobs_valid=self.knobs_valid)  # fmt: skip
+                     knobs_valid=self.knobs_valid, caps_over=self.caps_over)  # fmt: skip
 
     def set_list(self, which: list[tuple[int, ...]], j: int, values: Sequence[int]) -> None:
         """Stage ``j``'s forward or backward list (``which``) becomes ``values``; a stage that does not
@@ -85,8 +88,11 @@ class Genes:
     def to_genome(self, rules: Rules) -> Genome:
         """The genome, repaired (see :func:`~umsearch.search.genome.repair`)."""
         ready = self.fresh is not None and self.knobs_valid
-        if ready:  # only the fresh lists can break the rules: mend them before the genome is built, once
+        if ready:  # only the fresh lists and the caps can break the rules: mend them before the genome is built
             repair_lists(self.forward, self.backward, self.recompute, self.fresh or (), rules)
+            if self.caps_over:
+                self.cap = [min(c, rules.batch) for c in self.cap]
+                self.rank_cap = [min(c, rules.batch * self.v) for c in self.rank_cap]
         g = Genome(v=self.v, placement=self.placement, cuts=tuple(self.cuts), forward=tuple(self.forward),
                    backward=tuple(self.backward), recompute=tuple(self.recompute), split=tuple(self.split),
                    cap=tuple(self.cap), rank_cap=tuple(self.rank_cap), w_cap=tuple(self.w_cap),
@@ -183,7 +189,8 @@ def cut_move(g: Genes, rules: Rules, rng: Rng) -> None:
     i = rng.randrange(1, len(g.cuts) - 1)
     step = 1 if rng.random() < 0.7 else rng.randrange(2, 4)
     g.cuts[i] += step if rng.random() < 0.5 else -step
-    g.knobs_valid = False  # the cuts may cross
+    if not g.cuts[i - 1] < g.cuts[i] < g.cuts[i + 1]:
+        g.knobs_valid = False  # the cuts crossed: the repair moves them apart
 
 
 def cap_move(g: Genes, rules: Rules, rng: Rng) -> None:
@@ -191,9 +198,10 @@ def cap_move(g: Genes, rules: Rules, rng: Rng) -> None:
     caps = g.rank_cap if rng.random() < 0.6 else g.cap
     f = rng.choice([0.5, 0.75, 0.9, 1.1, 1.33, 2.0])
     which = range(len(caps)) if rng.random() < 0.3 else [rng.randrange(len(caps))]
+    ceiling = rules.batch * (g.v if caps is g.rank_cap else 1)
     for j in which:
         caps[j] = max(1, int(round(caps[j] * f)) + (1 if f > 1 else -1 if caps[j] > 1 else 0))
-    g.knobs_valid = False  # a cap may pass its ceiling
+        g.caps_over |= caps[j] > ceiling
 
 
 def rank_knob_move(g: Genes, rules: Rules, rng: Rng) -> None:
