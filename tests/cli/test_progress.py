@@ -164,4 +164,5 @@ def test_search_prints_progress_lines_on_stderr_and_clean_json_on_stdout(
         # Plans scored follow the polish chains' random streams (one per chain: umsearch/search/chains.py) and
         # their list descents (umsearch/search/local.py).
         "[search] 3/3 polish · best 9.000 ms · scored 17441 · elapsed 0:00",
+        "[search] 1/1 refine · best 9.000 ms · scored 17446 · elapsed 0:00",
     ]

@@ -3,7 +3,9 @@ ends where no one-step list edit is faster."""
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import given, settings
@@ -12,8 +14,17 @@ from hypothesis import strategies as st
 from umsearch.core.cost import CostModel
 from umsearch.measure.synthetic import bimodal_profile
 from umsearch.search.genome import Rules, repair
-from umsearch.search.local import ClimbConfig, Memo, Step, climb, descend, iterated_climb
-from umsearch.search.moves import list_edits, list_neighbours, neighbour
+from umsearch.search.local import (
+    ClimbConfig,
+    Memo,
+    Step,
+    climb,
+    descend,
+    descend_all,
+    iterated_climb,
+    refine,
+)
+from umsearch.search.moves import cut_neighbours, list_edits, list_neighbours, neighbour
 from umsearch.search.partition import stage_cuts
 from umsearch.search.scoring import Scorer
 from umsearch.search.space import build_space
@@ -39,6 +50,15 @@ def _start(rules: Rules, score: Scorer) -> Step:
     g = genome_of(rules, 1, "loop", cuts, [(4, 4, 4, 4)] * rules.ranks)
     t, m = score.genome_times([g])
     return Step(genome=g, iteration_ms=float(t[0]), max_memory_bytes=float(m[0]))
+
+
+def _jumps(rules: Rules, score: Scorer, rng: random.Random, n: int) -> list[Step]:
+    """The feasible ones of ``n`` genomes three random moves from :func:`_start`'s, scored."""
+    start = _start(rules, score)
+    genomes = [neighbour(start.genome, rules, rng, moves=3, valid=True) for _ in range(n)]
+    t, m = score.genome_times(genomes)
+    return [Step(genome=g, iteration_ms=float(a), max_memory_bytes=float(b))
+            for g, a, b in zip(genomes, t, m, strict=True) if np.isfinite(a)]  # fmt: skip
 
 
 class _Plain(Memo):
@@ -113,14 +133,62 @@ def test_list_neighbours_are_valid_distinct_and_one_edit_away(seed: int, moves: 
 def test_descend_ends_where_no_list_edit_is_faster(seed: int, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
     rules, tables, limit = _setup(tmp_path_factory)
     score = Scorer(rules, tables, limit)
-    start = _start(rules, score)
-    rng = random.Random(seed)
-    g = neighbour(start.genome, rules, rng, moves=3, valid=True)
-    t, m = score.genome_times([g])
-    if not np.isfinite(t[0]):
+    [jump] = _jumps(rules, score, random.Random(seed), 1) or [None]
+    if jump is None:
         return
-    end = descend(Step(genome=g, iteration_ms=float(t[0]), max_memory_bytes=float(m[0])), Memo(score), rules)
-    assert end.iteration_ms <= t[0]
+    end = descend(jump, Memo(score), rules)
+    assert end.iteration_ms <= jump.iteration_ms
     assert score.genome_times([end.genome])[0][0] == end.iteration_ms
     around, _ = score.genome_times(list_neighbours(end.genome, rules))
     assert around.min() >= end.iteration_ms * (1 - 1e-12)
+
+
+def test_cut_neighbours_move_each_boundary_or_pair_by_one_layer() -> None:
+    rules = Rules(num_layers=5, ranks=3, batch=4, sizes=(1, 2, 4), max_count=4, stages_per_rank=(1,),
+                  placements=("loop",), split=False, recompute=False)  # fmt: skip
+    from umsearch.search.genome import genome_of
+
+    g = genome_of(rules, 1, "loop", (0, 1, 3, 5), [(2, 2)] * 3)
+    # One boundary: 1 cannot go to 0 (an empty stage); 3 to 2 or 4. Two: both, where they stay apart.
+    assert [n.cuts for n in cut_neighbours(g, rules, 1)] == [(0, 2, 3, 5), (0, 1, 2, 5), (0, 1, 4, 5)]
+    assert [n.cuts for n in cut_neighbours(g, rules, 2)] == [(0, 2, 4, 5)]
+    assert all(replace(n, cuts=g.cuts) == g for n in cut_neighbours(g, rules, 1))
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_descents_in_lockstep_end_where_each_alone_does(seed: int, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    rules, tables, limit = _setup(tmp_path_factory)
+    score = Scorer(rules, tables, limit)
+    starts = _jumps(rules, score, random.Random(seed), 4)
+    assert descend_all(starts, Memo(score), rules) == [descend(s, Memo(score), rules) for s in starts]
+
+
+def test_refine_ends_where_no_boundary_move_and_list_descent_is_faster(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    rules, tables, limit = _setup(tmp_path_factory)
+    score = Scorer(rules, tables, limit)
+    start = _start(rules, score)
+    memo = Memo(score)
+    seen: list[Step] = []
+    end = refine(start, memo, rules, budget=math.inf, on_step=seen.append)
+    assert end.iteration_ms <= descend(start, memo, rules).iteration_ms
+    assert score.genome_times([end.genome])[0][0] == end.iteration_ms
+    assert all(a.iteration_ms > b.iteration_ms for a, b in zip(seen, seen[1:], strict=False))
+    for moved in (1, 2):
+        around = cut_neighbours(end.genome, rules, moved)
+        t, m = score.genome_times(around)
+        finished = descend_all([Step(genome=g, iteration_ms=float(a), max_memory_bytes=float(b))
+                                for g, a, b in zip(around, t, m, strict=True) if np.isfinite(a)], memo, rules)  # fmt: skip
+        assert min((s.iteration_ms for s in finished), default=math.inf) >= end.iteration_ms * (1 - 1e-12)
+
+
+def test_refine_stops_at_its_budget(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    rules, tables, limit = _setup(tmp_path_factory)
+    score = Scorer(rules, tables, limit)
+    start = _start(rules, score)
+    free = Scorer(rules, tables, limit)
+    refine(start, Memo(free), rules, budget=math.inf)
+    before = score.count
+    refine(start, Memo(score), rules, budget=50)
+    # The first list descent runs whole; after it, at most one batch runs past the budget.
+    assert score.count - before < free.count

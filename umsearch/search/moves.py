@@ -11,9 +11,10 @@ boundary).
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from umsearch.search.genome import (
     POLICY_COUNT,
@@ -306,6 +307,22 @@ def list_neighbours(g: Genome, rules: Rules) -> list[Genome]:
                     genes.set_list(genes.forward, j, edit)
                 out[genes.to_genome(rules)] = None
     out.pop(g, None)
+    return list(out)
+
+
+def cut_neighbours(g: Genome, rules: Rules, moved: int) -> list[Genome]:
+    """Every genome with ``moved`` distinct stage boundaries of ``g`` (valid) each moved by one layer, either
+    way, the stages keeping at least one layer each; everything else as in ``g``. Deterministic, in a fixed
+    order. A cut's best place depends on the lists and the lists' on the cuts, so a descent tries these as
+    starts of list descents (:func:`umsearch.search.local.refine`)."""
+    shifts = [(i, d) for i in range(1, len(g.cuts) - 1) for d in (-1, 1)]
+    out: dict[Genome, None] = {}
+    for combo in itertools.combinations(shifts, moved):
+        cuts = list(g.cuts)
+        for i, d in combo:
+            cuts[i] += d
+        if len({i for i, _ in combo}) == moved and all(a < b for a, b in zip(cuts, cuts[1:], strict=False)):
+            out[replace(g, cuts=tuple(cuts))] = None
     return list(out)
 
 

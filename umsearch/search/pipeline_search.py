@@ -30,7 +30,7 @@ from umsearch.search.chains import Chain, ChainPool, chain_seed
 from umsearch.search.convergence import Convergence
 from umsearch.search.factorize import ClusterPlacement, Factorization, Pruned
 from umsearch.search.genome import POLICY_COUNT, Genome, Rules, genome_of, repair
-from umsearch.search.local import ClimbConfig, Step
+from umsearch.search.local import ClimbConfig, Memo, Step, refine
 from umsearch.search.operators import (
     Anchors,
     GenomeCrossover,
@@ -54,16 +54,27 @@ class Effort:
     """Each climb's effort (see :class:`~umsearch.search.local.ClimbConfig`)."""
     peer_starts: int
     """The fastest genomes made of the peers' plans that the first round also climbs from."""
+    refine_share: float = 0.0
+    """The polish ends with :func:`~umsearch.search.local.refine` from the best genome, scoring at most this
+    share of the plans the search scored before it (0: no refine)."""
 
 
 KICKS_PER_STALL = 5
 """A climb jumps at most this many times its stall (``[search] polish_stall``) in all."""
 
 
+REFINE_SHARE = 0.15
+""":attr:`Effort.refine_share` of a single pipeline's polish: on simnet1 (about 500k plans a search) the refines
+that gained found their plan within 35k-52k plans; on the two-regime profile and gpt24_h200 (seeds 0-9) no refine
+gained, and each ran to its budget."""
+
+
 def polish_effort(stall: int) -> Effort:
     """The polish on one pipeline: a climb jumps until ``stall`` jumps in a row found nothing (on gpt_cpu 12 left
-    4 of seeds 0-9 over 0.5% behind the best, 40 none), and the peers' plans are starts of their own."""
-    return Effort(climb=ClimbConfig(kicks=KICKS_PER_STALL * stall, stall=stall), peer_starts=2)
+    4 of seeds 0-9 over 0.5% behind the best, 40 none), the peers' plans are starts of their own, and the best
+    genome is refined."""
+    climb = ClimbConfig(kicks=KICKS_PER_STALL * stall, stall=stall)
+    return Effort(climb=climb, peer_starts=2, refine_share=REFINE_SHARE)
 
 
 CLUSTER_POLISH = Effort(climb=ClimbConfig(descent_margin=-1.0), peer_starts=0)
@@ -88,8 +99,8 @@ class Progress:
     """What the search reports as it goes."""
 
     phase: str
-    """``baselines``, ``first pass``, ``nsga2`` or ``polish`` (on a cluster also ``screen``: factorizations
-    screened)."""
+    """``baselines``, ``first pass``, ``nsga2``, ``polish`` or ``refine`` (on a cluster also ``screen``:
+    factorizations screened)."""
     done: int
     """Steps of the phase done: baselines scored, generations run, climbs finished."""
     total: int
@@ -321,6 +332,21 @@ class Run:
                               np.array([st.max_memory_bytes for st in res.steps]))  # fmt: skip
                 if self.over() or not self.best_ms < before * (1 - 1e-9):
                     break
+        if self.effort.refine_share > 0 and self.found and not self.over():
+            self.refine(self.effort.refine_share * self.score.count)
+
+    def refine(self, budget: float) -> None:
+        """:func:`~umsearch.search.local.refine` from the fastest genome found, scoring at most ``budget`` plans."""
+        g = self.fastest(1)[0]
+        self.report("refine", 0, 1)
+        steps: list[Step] = []
+        try:
+            refine(Step(genome=g, iteration_ms=self.found[g][0], max_memory_bytes=self.found[g][1]),
+                   Memo(self.score), self.rules, budget, self.deadline, steps.append)  # fmt: skip
+        finally:  # what it found before a Ctrl-C is kept
+            self.keep([st.genome for st in steps], np.array([st.iteration_ms for st in steps]),
+                      np.array([st.max_memory_bytes for st in steps]))  # fmt: skip
+        self.report("refine", 1, 1)
 
     def front(self) -> list[Scored]:
         """The non-dominated genomes found, as plans (fastest first)."""
