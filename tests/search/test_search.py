@@ -71,7 +71,7 @@ def test_progress_counts_something_in_every_phase(tmp_path: Path) -> None:
     seen: list[Progress] = []
     run_search(space, profile, seen.append)
     phases = {p.phase for p in seen}
-    assert phases == {"baselines", "first pass", "nsga2", "polish"}
+    assert phases == {"baselines", "first pass", "nsga2", "polish", "refine"}
     nsga = [p for p in seen if p.phase == "nsga2"]
     assert [p.done for p in nsga] == list(range(1, space.search.generations + 1)) and nsga[0].total == space.search.generations
     assert all(p.evaluations > 0 for p in seen if p.phase != "baselines" or p.done == 1)
