@@ -113,6 +113,11 @@ def climb(start: Step, score: Memo, rules: Rules, rng: random.Random, config: Cl
 def _faster(cands: Sequence[Genome], cur: Step, score: Memo) -> Step | None:
     """The fastest of ``cands`` (scored in one batch) if it is faster than ``cur``, else None."""
     t, mem = score.genome_times(cands)
+    return _fastest_if_faster(cands, t, mem, cur)
+
+
+def _fastest_if_faster(cands: Sequence[Genome], t: FloatArray, mem: FloatArray, cur: Step) -> Step | None:
+    """The fastest of ``cands`` (scored ``t``, ``mem``) if it is faster than ``cur``, else None."""
     i = int(np.argmin(t))
     if t[i] < cur.iteration_ms * (1 - 1e-12):
         return Step(genome=cands[i], iteration_ms=float(t[i]), max_memory_bytes=float(mem[i]))
@@ -172,11 +177,10 @@ def descend_all(starts: Sequence[Step], score: Memo, rules: Rules, deadline: flo
         moved, k = [], 0
         for i in active:
             n = len(cands[i])
-            if n:
-                j = k + int(np.argmin(t[k : k + n]))
-                if t[j] < cur[i].iteration_ms * (1 - 1e-12):
-                    cur[i] = Step(genome=flat[j], iteration_ms=float(t[j]), max_memory_bytes=float(mem[j]))
-                    moved.append(i)
+            better = _fastest_if_faster(cands[i], t[k : k + n], mem[k : k + n], cur[i]) if n else None
+            if better is not None:
+                cur[i] = better
+                moved.append(i)
             k += n
         active = moved
     return cur

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
@@ -266,6 +266,15 @@ class Run:
                 k = structure(g)
                 self.by_structure[k] = min(float(t), self.by_structure.get(k, math.inf))
 
+    def step(self, g: Genome) -> Step:
+        """A genome found (feasible) as a local search's step."""
+        return Step(genome=g, iteration_ms=self.found[g][0], max_memory_bytes=self.found[g][1])
+
+    def keep_steps(self, steps: Sequence[Step]) -> None:
+        """:meth:`keep` of a local search's steps."""
+        self.keep([st.genome for st in steps], np.array([st.iteration_ms for st in steps]),
+                  np.array([st.max_memory_bytes for st in steps]))  # fmt: skip
+
     def over(self) -> bool:
         if time.perf_counter() > self.deadline:
             self.cut = True
@@ -324,12 +333,10 @@ class Run:
                     starts = list(dict.fromkeys(starts + extra))
                 if self.over():
                     break
-                chains = [Chain(start=Step(genome=g, iteration_ms=self.found[g][0], max_memory_bytes=self.found[g][1]),
-                                seed=chain_seed(cfg.seed, r, i)) for i, g in enumerate(starts)]  # fmt: skip
+                chains = [Chain(start=self.step(g), seed=chain_seed(cfg.seed, r, i)) for i, g in enumerate(starts)]
                 results = pool.run(chains, self.deadline, partial(self.report, "polish", total=len(chains)))
                 for res in results:
-                    self.keep([st.genome for st in res.steps], np.array([st.iteration_ms for st in res.steps]),
-                              np.array([st.max_memory_bytes for st in res.steps]))  # fmt: skip
+                    self.keep_steps(res.steps)
                 if self.over() or not self.best_ms < before * (1 - 1e-9):
                     break
         if self.effort.refine_share > 0 and self.found and not self.over():
@@ -341,11 +348,9 @@ class Run:
         self.report("refine", 0, 1)
         steps: list[Step] = []
         try:
-            refine(Step(genome=g, iteration_ms=self.found[g][0], max_memory_bytes=self.found[g][1]),
-                   Memo(self.score), self.rules, budget, self.deadline, steps.append)  # fmt: skip
+            refine(self.step(g), Memo(self.score), self.rules, budget, self.deadline, steps.append)
         finally:  # what it found before a Ctrl-C is kept
-            self.keep([st.genome for st in steps], np.array([st.iteration_ms for st in steps]),
-                      np.array([st.max_memory_bytes for st in steps]))  # fmt: skip
+            self.keep_steps(steps)
         self.report("refine", 1, 1)
 
     def front(self) -> list[Scored]:
