@@ -164,14 +164,15 @@ def included(path: str) -> dict[str, Any] | None:
 
 
 def kept_sections(path: Path, fresh: dict[str, Any]) -> dict[str, Any]:
-    """``fresh`` (the seeds' sections, this run's environment) over the sections of ``path`` that this run does not
-    measure (the workers' figures keep the environment they were measured in)."""
+    """``fresh`` (the seeds' sections, this run's environment, the other benchmarks' files read again) over the
+    sections of ``path`` that this run does not measure (the workers' figures keep the environment they were
+    measured in)."""
     if not path.exists():
         return fresh
     old = json.loads(path.read_text())
     if "workers" in old:
         old["workers"].setdefault("environment", old.get("environment"))
-    return {**fresh, **old, **{k: fresh[k] for k in ("schema", "environment", "setup", "note", "profiles", "runs")}}
+    return {**old, **fresh}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
