@@ -185,6 +185,18 @@ def test_the_generator_times_a_replica_on_the_link_most_of_its_neighbours_use() 
 SMALL = "[search]\npopulation = 8\ngenerations = 2\ntime_budget_s = 600\n[schedule]\npeers = ['1F1B', 'Interleaved1F1B']\n"
 
 
+def test_the_search_takes_the_fastest_screened_and_every_one_close_to_them() -> None:
+    from umsearch.search.over_cluster import SEARCH_MARGIN, SEARCHED, promising
+
+    assert (SEARCHED, SEARCH_MARGIN) == (3, 0.15)
+    # The 24-block H200 GPT at 16 GiB per GPU, as screened: R = 1 (474.1 ms) is fourth, 11.5% behind.
+    screened = [474.1, 437.2, 425.2, 478.2, 468.7, 564.6, 566.0, 683.3]
+    assert promising(screened) == [2, 1, 4, 0, 3]
+    assert promising([10.0, 30.0, 20.0, 40.0]) == [0, 2, 1]  # three at least, fastest first
+    assert promising([float("inf")] * 5) == [0, 1, 2]  # nothing fitted the screen: no margin to go by
+    assert promising([]) == []
+
+
 def test_the_cluster_search_beats_its_peers_is_deterministic_and_round_trips(tmp_path: Path) -> None:
     space = _space(tmp_path, SMALL + CLUSTER)
     profile = load_profile(space.profile)
