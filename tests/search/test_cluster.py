@@ -191,10 +191,13 @@ def test_the_search_takes_the_fastest_screened_and_every_one_close_to_them() -> 
     assert (SEARCHED, SEARCH_MARGIN) == (3, 0.15)
     # The 24-block H200 GPT at 16 GiB per GPU, as screened: R = 1 (474.1 ms) is fourth, 11.5% behind.
     screened = [474.1, 437.2, 425.2, 478.2, 468.7, 564.6, 566.0, 683.3]
-    assert promising(screened) == [2, 1, 4, 0, 3]
-    assert promising([10.0, 30.0, 20.0, 40.0]) == [0, 2, 1]  # three at least, fastest first
-    assert promising([float("inf")] * 5) == [0, 1, 2]  # nothing fitted the screen: no margin to go by
-    assert promising([]) == []
+    binds = [True] * 7 + [False]
+    assert promising(screened, binds) == [2, 1, 4, 0, 3]
+    assert promising(screened, [False] * 8) == [2, 1, 4]  # memory free: the screen is a fair guide
+    assert promising(screened, [i != 0 for i in range(8)]) == [2, 1, 4, 3]
+    assert promising([10.0, 30.0, 20.0, 40.0], [True] * 4) == [0, 2, 1]  # three at least, fastest first
+    assert promising([float("inf")] * 5, [True] * 5) == [0, 1, 2]  # nothing fitted the screen: no margin
+    assert promising([], []) == []
 
 
 def test_the_cluster_search_beats_its_peers_is_deterministic_and_round_trips(tmp_path: Path) -> None:

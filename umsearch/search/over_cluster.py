@@ -10,8 +10,8 @@
    replica runs it; the all-reduces included) and the first pass of the
    single-pipeline search, all scored exactly by the evaluator.
 3. **Search**: the most promising factorizations (by the fastest plan
-   screening found: the :data:`SEARCHED` fastest, and every other within
-   :data:`SEARCH_MARGIN` of the fastest) get NSGA-II and the polish, each an
+   screening found: the :data:`SEARCHED` fastest, and every other where
+   memory binds within :data:`SEARCH_MARGIN` of the fastest) get NSGA-II and the polish, each an
    equal share of the time left.
 4. ZeRO-1 stays only on plans that do not fit without it.
 
@@ -55,11 +55,12 @@ from umsearch.sim.population import encode, evaluate, pack
 SEARCHED = 3
 """Factorizations that get NSGA-II and the polish after screening at least (the fastest screened ones)."""
 SEARCH_MARGIN = 0.15
-"""Every factorization screened within this fraction of the fastest screened one is searched too. Where memory
-binds, the screen's equal microbatches must all fit the stage whose stash peaks, so it undersells the
-factorizations that unequal lists free the most: on the 24-block H200 GPT at 16 GiB per GPU, R = 1 x D = 16
+"""Every factorization where memory binds and screened within this fraction of the fastest screened one is
+searched too. There the screen's equal microbatches must all fit the stage whose stash peaks, so it undersells
+the factorizations that unequal lists free the most: on the 24-block H200 GPT at 16 GiB per GPU, R = 1 x D = 16
 screened at 474.1 ms (11.5% behind the best screened, fourth) and, searched, reached 415.7 ms, faster than
-every torch schedule that fits (425.2 ms)."""
+every torch schedule that fits (425.2 ms). Where memory is free the margin bought nothing and cost time: the
+128 x 8 example searched more factorizations for the same plan in 236 s instead of 76."""
 
 
 def memory_of(space: SearchSpace, profile: Profile) -> Memory:
@@ -120,7 +121,8 @@ def search_cluster(space: SearchSpace, profile: Profile,
             bases.append(base)
             run.first_pass()
             run.report("screen", i + 1, len(keep))
-        order = promising([_screened_ms(run, base) for run, base in zip(runs, bases, strict=True)])
+        order = promising([_screened_ms(run, base) for run, base in zip(runs, bases, strict=True)],
+                          [run.rules.memory_binds for run in runs])  # fmt: skip
         for k, i in enumerate(order):
             now = time.perf_counter()
             runs[i].deadline = now + max(0.0, deadline - now) / (len(order) - k)
@@ -135,14 +137,14 @@ def search_cluster(space: SearchSpace, profile: Profile,
     return _merge(space, profile, keep[: len(runs)], runs, bases, searched, pruned, start, interrupted)
 
 
-def promising(screened_ms: Sequence[float]) -> list[int]:
+def promising(screened_ms: Sequence[float], binds: Sequence[bool]) -> list[int]:
     """Indices of the factorizations to search, fastest screened first: the :data:`SEARCHED` fastest and every
-    other within :data:`SEARCH_MARGIN` of the fastest."""
+    other where memory binds (``binds``) within :data:`SEARCH_MARGIN` of the fastest."""
     order = sorted(range(len(screened_ms)), key=lambda i: (screened_ms[i], i))
     if not order:
         return []
     near = screened_ms[order[0]] * (1 + SEARCH_MARGIN)
-    return [i for k, i in enumerate(order) if k < SEARCHED or screened_ms[i] <= near < math.inf]
+    return [i for k, i in enumerate(order) if k < SEARCHED or (binds[i] and screened_ms[i] <= near < math.inf)]
 
 
 def peer_stage_counts(run: Run, base: dict[str, Scored | None]) -> tuple[int, ...]:
