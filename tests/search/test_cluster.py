@@ -235,3 +235,19 @@ def test_zero1_only_where_memory_needs_it(tmp_path: Path, limit: str, zero1: boo
         if s.plan.zero1:  # kept only where the plan does not fit without it
             peaks = simulate(replace(s.plan, zero1=False), cost).peak_memory_bytes
             assert peaks is not None and max(peaks) > space.memory_limit
+
+
+@pytest.mark.slow
+def test_where_memory_binds_the_search_beats_every_torch_schedule_that_fits() -> None:
+    """The 24-block H200 GPT on 2 x 8 GPUs at 16 GiB each (docs/clusters.md's memory-bound table): the best
+    torch schedule that fits is Interleaved1F1B on R = 2 (425.16 ms); the plan is a searched R = 1 one, which
+    the screen alone ranks fourth."""
+    from umsearch.core.bundled import data_dir
+
+    space = load_space(data_dir() / "gpt24_h200_2x8.toml", {"time_budget_s": 1800})
+    space = replace(space, memory_limit=16 * 2**30)
+    res = run_search(space, load_profile(space.profile))
+    assert not res.budget_hit and res.best.max_memory <= space.memory_limit
+    peers = [p for n, p in res.baselines.items() if p is not None and n != "local greedy"]
+    assert any(o.factorization.ranks == 1 and o.searched for o in res.factorizations)
+    assert res.best.name == "umsearch" and min(p.iteration_ms for p in peers) / res.best.iteration_ms > 1.02
