@@ -272,7 +272,7 @@ def repair(g: Genome, rules: Rules, fresh: Collection[int] | None = None) -> Gen
     S = rules.ranks * v
     if fresh is not None and (v != g.v or len(g.forward) != S or len(g.backward) != S):
         fresh = None
-    cuts = repair_cuts(g.cuts, S, rules.num_layers) if len(g.cuts) != S + 1 or not _strict(g.cuts, rules) else g.cuts
+    cuts = repair_cuts(g.cuts, S, rules.num_layers) if len(g.cuts) != S + 1 or not strict_cuts(g.cuts, rules) else g.cuts
     rec = tuple(rules.recompute and j < len(g.recompute) and g.recompute[j] for j in range(S))
     if fresh is None:
         fwd = tuple(rules.fixed(tuple(g.forward[min(j, len(g.forward) - 1)]) if g.forward else ()) for j in range(S))
@@ -305,13 +305,14 @@ def _knobs_ok(g: Genome, rules: Rules) -> bool:
     return (g.v in rules.stages_per_rank and g.placement in rules.placements and len(g.cuts) == S + 1
             and len(g.forward) == S and len(g.backward) == S and len(g.recompute) == S and len(g.split) == S
             and len(g.cap) == S and len(g.rank_cap) == R and len(g.w_cap) == R and len(g.policy) == R
-            and _strict(g.cuts, rules) and (rules.recompute or not any(g.recompute))
+            and strict_cuts(g.cuts, rules) and (rules.recompute or not any(g.recompute))
             and (rules.split or not any(g.split)) and min(g.cap) >= 1 and max(g.cap) <= B
             and min(g.rank_cap) >= 1 and max(g.rank_cap) <= B * g.v and min(g.w_cap) >= 1
             and min(g.policy) >= 0 and max(g.policy) < POLICY_COUNT)  # fmt: skip
 
 
-def _strict(cuts: Sequence[int], rules: Rules) -> bool:
+def strict_cuts(cuts: Sequence[int], rules: Rules) -> bool:
+    """Whether ``cuts`` run from 0 to ``L`` with every stage holding at least one layer."""
     return cuts[0] == 0 and cuts[-1] == rules.num_layers and all(a < b for a, b in zip(cuts, cuts[1:], strict=False))
 
 

@@ -110,6 +110,11 @@ def climb(start: Step, score: Memo, rules: Rules, rng: random.Random, config: Cl
     return cur
 
 
+def _gains(ms: float, than_ms: float) -> bool:
+    """Whether ``ms`` is faster than ``than_ms`` by more than rounding: what every local search here accepts."""
+    return ms < than_ms * (1 - 1e-12)
+
+
 def _faster(cands: Sequence[Genome], cur: Step, score: Memo) -> Step | None:
     """The fastest of ``cands`` (scored in one batch) if it is faster than ``cur``, else None."""
     t, mem = score.genome_times(cands)
@@ -119,7 +124,7 @@ def _faster(cands: Sequence[Genome], cur: Step, score: Memo) -> Step | None:
 def _fastest_if_faster(cands: Sequence[Genome], t: FloatArray, mem: FloatArray, cur: Step) -> Step | None:
     """The fastest of ``cands`` (scored ``t``, ``mem``) if it is faster than ``cur``, else None."""
     i = int(np.argmin(t))
-    if t[i] < cur.iteration_ms * (1 - 1e-12):
+    if _gains(float(t[i]), cur.iteration_ms):
         return Step(genome=cands[i], iteration_ms=float(t[i]), max_memory_bytes=float(mem[i]))
     return None
 
@@ -147,7 +152,7 @@ def iterated_climb(start: Step, score: Memo, rules: Rules, rng: random.Random,
                       config, deadline)
         if trial.iteration_ms < best.iteration_ms * (1 + config.descent_margin):
             trial = descend(trial, score, rules, deadline)
-        if trial.iteration_ms < best.iteration_ms * (1 - 1e-12):
+        if _gains(trial.iteration_ms, best.iteration_ms):
             best, misses = trial, 0
             if on_step is not None:
                 on_step(best)
@@ -213,7 +218,7 @@ def refine(start: Step, score: Memo, rules: Rules, budget: float, deadline: floa
                   for g, a, m in zip(cands, t, mem, strict=True) if np.isfinite(a)]  # fmt: skip
         ends = descend_all(starts, score, rules, deadline, stop_at - score.score.count)
         end = min(ends, key=lambda st: st.iteration_ms, default=None)
-        if end is not None and end.iteration_ms < best.iteration_ms * (1 - 1e-12):
+        if end is not None and _gains(end.iteration_ms, best.iteration_ms):
             best, moved = end, 1
             if on_step is not None:
                 on_step(best)

@@ -25,6 +25,7 @@ from umsearch.search.genome import (
     repair_cuts,
     repair_lists,
     shaped_sequence,
+    strict_cuts,
 )
 
 SHARED_PROB = 0.5
@@ -321,7 +322,7 @@ def cut_neighbours(g: Genome, rules: Rules, moved: int) -> list[Genome]:
         cuts = list(g.cuts)
         for i, d in combo:
             cuts[i] += d
-        if len({i for i, _ in combo}) == moved and all(a < b for a, b in zip(cuts, cuts[1:], strict=False)):
+        if len({i for i, _ in combo}) == moved and strict_cuts(cuts, rules):
             out[replace(g, cuts=tuple(cuts))] = None
     return list(out)
 
