@@ -21,7 +21,19 @@ plans with :data:`STATE_FACTOR` = 2 bytes of state per parameter byte):
    all in one set of rank processes on the same ``PipelineStage`` objects
    (a checkpointed variant is its plain twin's very runner with the layers
    wrapped while it steps), rounds rotated; every contender's peak per rank is
-   measured on its last warm-up iteration under the tally.
+   measured on its last warm-up iteration under the tally;
+5. **every count**: before the side-by-side, a screen runs every torch
+   schedule at each of the space's stage counts per rank and every
+   microbatch count torch accepts (:func:`every_count`: equal microbatches
+   dividing ``B``, each on its fastest partition as predicted without a
+   limit), plain, and the checkpointed twin of each that does not fit, with
+   the tuned plan, :data:`SCREEN_ROUNDS` rotated rounds in one launch; a
+   configuration that fits and took at most :data:`SCREEN_MARGIN` times the
+   tuned plan's time joins the side-by-side. The search picks each torch
+   schedule's configuration on a profile measured minutes before, and a
+   microbatch count it predicts over ``L`` (or slower) may fit and be fast
+   when run: the verdict is against every torch schedule that fits, not
+   only those the search picked.
 
 A torch contender *fits* when its measured peak is at most ``L`` on every rank.
 The tally does not see the tensors that ``torch.utils.checkpoint`` saves while
@@ -85,7 +97,15 @@ FRACTION = 0.6
 """``L`` as a share of the unconstrained best plan's largest measured peak."""
 STATE_FACTOR = 2.0
 """SGD's bytes of training state per parameter byte (weights and gradients): what the ranks run."""
-SCHEMA = "benchmarks.memory_bound/1"
+SCHEMA = "benchmarks.memory_bound/2"
+SCREEN_ROUNDS = 3
+"""Measured rounds of each configuration in the screen (after the run config's warm-up iterations)."""
+SCREEN_MARGIN = 1.5
+"""A screened configuration that fits joins the side-by-side unless its screen median is more than this many
+times the tuned plan's in the same rounds (a wide margin: the screen's medians are of few rounds on a shared
+machine); every screened configuration is on record with its peaks and times either way."""
+SCREENED = "every microbatch count (screened)"
+"""The origin of a contender that the screen added."""
 
 Job = tuple[str, Plan, str | None]
 """A contender's runner: runtime (``umsearch`` or ``torch``), its checked plan and torch's schedule."""
@@ -206,6 +226,73 @@ def side_by_side(first: Contender, at_limit: dict[str, Plan], free: dict[str, Pl
     return out
 
 
+def every_count(profile: Profile, profile_path: str) -> dict[str, Plan]:
+    """Every torch schedule at each of the space's stage counts per rank and every microbatch count torch
+    accepts for it (:func:`umsearch.search.baselines.shapes`: equal microbatches dividing ``B``), plain, on
+    its fastest partition as predicted without a memory limit (every partition scored: these models have a
+    few layers); keyed ``"NAME v=V m=M"``."""
+    import math
+
+    import numpy as np
+
+    from umsearch.core.cost import CostModel
+    from umsearch.core.schedules import PEER_SCHEDULES
+    from umsearch.search.baselines import shapes
+    from umsearch.search.genome import Rules
+    from umsearch.search.partition import all_cuts
+    from umsearch.search.scoring import Scorer
+    from umsearch.sim.population import decode
+
+    space = _space(profile_path, None, 1.0)
+    rules = Rules.of(space, profile)
+    tables = CostModel(profile, state_factor=space.state_factor).tables(rules.largest)
+    score = Scorer(rules, tables, math.inf)
+    out: dict[str, Plan] = {}
+    for name, peer in PEER_SCHEDULES.items():
+        for s in shapes(peer, rules, stages=rules.stages_per_rank):
+            cuts = all_cuts(rules.num_layers, rules.ranks * s.v)
+            t = score.plans([s.on(c) for c in cuts])[0]
+            out[f"{name} v={s.v} m={s.microbatches}"] = decode(s.on(cuts[int(np.argmin(t))]))
+    return out
+
+
+def screen(first: Contender, configs: dict[str, Plan], known: Sequence[Contender], factory: Any, run_cfg: Any,
+           limit: float) -> tuple[list[Contender], list[dict[str, Any]]]:  # fmt: skip
+    """The screen of :func:`every_count`'s configurations not among ``known`` (same schedule, shape and
+    checkpointing): each plain, then the checkpointed twin of each plain one over ``limit``, beside ``first``,
+    :data:`SCREEN_ROUNDS` rounds a launch. Returns the contenders that join the side-by-side (they fit and
+    took at most :data:`SCREEN_MARGIN` times ``first``'s median) and every screened configuration's record."""
+    import statistics
+
+    seen = {(c.schedule, shape(c.plan), c.checkpointed) for c in known}
+    records: list[dict[str, Any]] = []
+    joined: list[Contender] = []
+    todo = [Contender(name=f"torch {key}", runtime="torch", plan=plan, schedule=key.split()[0], checkpointed=False,
+                      origin=SCREENED) for key, plan in configs.items()]  # fmt: skip
+    for ac in (False, True):
+        batch = [replace(c, name=c.name + " +AC" if ac else c.name, checkpointed=ac) for c in todo
+                 if (c.schedule, shape(c.plan), ac) not in seen]  # fmt: skip
+        if not batch:
+            continue
+        measured = run_side_by_side([first, *batch], factory, run_cfg, SCREEN_ROUNDS)
+        first_ms = statistics.median(measured[0][1])
+        over: list[Contender] = []
+        for c, (peaks, ms) in zip(batch, measured[1:], strict=True):
+            fits = all(p <= limit for p in peaks)
+            rel = statistics.median(ms) / first_ms
+            kept = fits and rel <= SCREEN_MARGIN
+            records.append({"name": c.name, "schedule": c.schedule, "full_activation_checkpointing": ac,
+                            "stages": c.plan.num_stages, "microbatches": len(c.plan.stages[0].forward),
+                            "measured_peak_bytes": peaks, "peak_over_limit": [q / limit for q in peaks], "fits": fits,
+                            "screen_ms": ms, "over_first": rel, "joins_side_by_side": kept})  # fmt: skip
+            if kept:
+                joined.append(c)
+            if not fits:
+                over.append(c)
+        todo = over
+    return joined, records
+
+
 def run_side_by_side(contenders: Sequence[Contender], factory: Any, run_cfg: Any,
                      rounds: int) -> list[tuple[list[int], list[float]]]:  # fmt: skip
     """Launch :func:`side_by_side_worker`; per contender its peak per rank and its per-round ms (slowest rank)."""
@@ -301,7 +388,8 @@ def model_report(
         out.update(error=str(exc), least_rank_state_bytes=least_rank_state(profile))
         first = Contender(name="unconstrained best (no plan fits L)", runtime="umsearch", plan=free.best.plan,
                           schedule=None, checkpointed=False, origin="search without a limit")  # fmt: skip
-        out.update(compare(first, {}, peers(free), profile, factory, run_cfg, a.rounds, limit, load))
+        out.update(compare(first, {}, peers(free), every_count(profile, profile_path), profile, factory, run_cfg,
+                           a.rounds, limit, load))  # fmt: skip
         return out
     load["after_tune"] = loadavg()
     w = result.winner
@@ -314,18 +402,24 @@ def model_report(
     at_limit = peers(run_search(space, result.profile))
     out.update(tune_winner={"name": w.candidate.name, "runtime": w.candidate.runtime,
                             "schedule": w.candidate.schedule}, tuned_plan=tuned.candidate.name)  # fmt: skip
-    out.update(compare(first, at_limit, peers(free), profile, factory, run_cfg, a.rounds, limit, load))
+    out.update(compare(first, at_limit, peers(free), every_count(profile, profile_path), profile, factory, run_cfg,
+                       a.rounds, limit, load))  # fmt: skip
     out["tune"] = {"over_memory_limit": [[o.to_json() for o in r.over_limit] for r in result.rounds],
                    "stopped": result.stopped,
                    "document": document(result, tune_meta(space, cfg, run_cfg, profile_path))}  # fmt: skip
     return out
 
 
-def compare(first: Contender, at_limit: dict[str, Plan], free: dict[str, Plan], profile: Profile, factory: Any,
-            run_cfg: Any, rounds: int, limit: float, load: dict[str, float]) -> dict[str, Any]:  # fmt: skip
-    """The side-by-side of ``first`` and the torch contenders (:func:`side_by_side`) and the verdict: whether
-    ``first`` fits ``L`` on every rank and beats every fitting torch contender with its interval above 1."""
+def compare(first: Contender, at_limit: dict[str, Plan], free: dict[str, Plan], configs: dict[str, Plan],
+            profile: Profile, factory: Any, run_cfg: Any, rounds: int, limit: float,
+            load: dict[str, float]) -> dict[str, Any]:  # fmt: skip
+    """The side-by-side of ``first`` and the torch contenders (:func:`side_by_side`, and those of ``configs``
+    that :func:`screen` lets join) and the verdict: whether ``first`` fits ``L`` on every rank and beats every
+    fitting torch contender with its interval above 1."""
     contenders = side_by_side(first, at_limit, free)
+    joined, screened = screen(first, configs, contenders, factory, run_cfg, limit)
+    contenders += joined
+    load["after_screen"] = loadavg()
     measured = run_side_by_side(contenders, factory, run_cfg, rounds)
     load["end"] = loadavg()
     first_ms = measured[0][1]
@@ -337,7 +431,7 @@ def compare(first: Contender, at_limit: dict[str, Plan], free: dict[str, Plan], 
             "fitting_torch": [r["name"] for r in fitting], "closest_fitting_torch": closest,
             "beats_every_fitting_torch": rows[0]["fits"] and all(r["ratio_over_tuned"]["interval_above_1"]
                                                                  for r in fitting),
-            "contenders": rows, "load_average": load}  # fmt: skip
+            "contenders": rows, "screen": screened, "load_average": load}  # fmt: skip
 
 
 def least_rank_state(profile: Profile) -> float:

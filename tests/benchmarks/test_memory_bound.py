@@ -44,7 +44,7 @@ def test_checkpointed_layers_keep_their_inputs_only_and_give_the_same_gradients(
 
 @pytest.mark.slow
 def test_the_quick_rehearsal_measures_every_torch_schedule_with_and_without_checkpointing(tmp_path: Path) -> None:
-    from benchmarks.memory_bound import FRACTION, main
+    from benchmarks.memory_bound import FRACTION, SCREEN_MARGIN, SCREEN_ROUNDS, SCREENED, main
     from umsearch.core.schedules import PEER_SCHEDULES
 
     main(["--quick", "--out", str(tmp_path)])
@@ -64,9 +64,27 @@ def test_the_quick_rehearsal_measures_every_torch_schedule_with_and_without_chec
     assert sec["beats_every_fitting_torch"] == (sec["tuned_fits"] and all(
         r["ratio_over_tuned"]["interval_above_1"] for r in torch_rows if r["fits"]))  # fmt: skip
     # A checkpointed twin (same schedule, cuts and microbatches) never holds more than its plain self.
-    plain = {(r["schedule"], r["origin"]): r for r in torch_rows if not r["full_activation_checkpointing"]}
-    for r in torch_rows:
+    def twin(r: dict) -> tuple:
+        return r["schedule"], r.get("origin"), r["stages"], r["microbatches"]
+
+    searched = [r for r in torch_rows if r["origin"] != SCREENED]  # the screen's twins are checked below
+    for rows_ in (searched, sec["screen"]):
+        plain = {twin(r): r for r in rows_ if not r["full_activation_checkpointing"]}
+        for r in rows_:
+            if r["full_activation_checkpointing"]:
+                assert all(a <= b for a, b in zip(r["measured_peak_bytes"], plain[twin(r)]["measured_peak_bytes"],
+                                                  strict=True))  # fmt: skip
+                assert r.get("tally_may_miss_bytes", 1) > 0
+    # The screen: every torch schedule at every microbatch count; a checkpointed twin only where the plain one
+    # does not fit; what fits and kept up with the tuned plan runs in the side-by-side.
+    screened = sec["screen"]
+    assert {r["schedule"] for r in screened} | {r["schedule"] for r in torch_rows} == set(PEER_SCHEDULES)
+    plain_fits = {twin(r): r["fits"] for r in screened if not r["full_activation_checkpointing"]}
+    names = {r["name"] for r in torch_rows}
+    for r in screened:
+        assert r["fits"] == all(p <= limit for p in r["measured_peak_bytes"])
+        assert len(r["screen_ms"]) == SCREEN_ROUNDS
+        assert r["joins_side_by_side"] == (r["fits"] and r["over_first"] <= SCREEN_MARGIN)
+        assert (r["name"] in names) == r["joins_side_by_side"]
         if r["full_activation_checkpointing"]:
-            twin = plain[(r["schedule"], r["origin"])]
-            assert all(a <= b for a, b in zip(r["measured_peak_bytes"], twin["measured_peak_bytes"], strict=True))
-            assert r["tally_may_miss_bytes"] > 0
+            assert plain_fits[twin(r)] is False
