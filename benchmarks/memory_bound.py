@@ -229,17 +229,14 @@ def side_by_side(first: Contender, at_limit: dict[str, Plan], free: dict[str, Pl
 def every_count(profile: Profile, profile_path: str) -> dict[str, Plan]:
     """Every torch schedule at each of the space's stage counts per rank and every microbatch count torch
     accepts for it (:func:`umsearch.search.baselines.shapes`: equal microbatches dividing ``B``), plain, on
-    its fastest partition as predicted without a memory limit (every partition scored: these models have a
-    few layers); keyed ``"NAME v=V m=M"``."""
+    its fastest partition as predicted without a memory limit (:func:`umsearch.search.baselines.best_partition`);
+    keyed ``"NAME v=V m=M"``."""
     import math
-
-    import numpy as np
 
     from umsearch.core.cost import CostModel
     from umsearch.core.schedules import PEER_SCHEDULES
-    from umsearch.search.baselines import shapes
+    from umsearch.search.baselines import best_partition, shapes
     from umsearch.search.genome import Rules
-    from umsearch.search.partition import all_cuts
     from umsearch.search.scoring import Scorer
     from umsearch.sim.population import decode
 
@@ -250,9 +247,8 @@ def every_count(profile: Profile, profile_path: str) -> dict[str, Plan]:
     out: dict[str, Plan] = {}
     for name, peer in PEER_SCHEDULES.items():
         for s in shapes(peer, rules, stages=rules.stages_per_rank):
-            cuts = all_cuts(rules.num_layers, rules.ranks * s.v)
-            t = score.plans([s.on(c) for c in cuts])[0]
-            out[f"{name} v={s.v} m={s.microbatches}"] = decode(s.on(cuts[int(np.argmin(t))]))
+            cuts, _, _ = best_partition(s, rules, score, tables)
+            out[f"{name} v={s.v} m={s.microbatches}"] = decode(s.on(cuts))
     return out
 
 

@@ -150,8 +150,14 @@ def _label(s: Shape) -> str:
     return f"{s.peer.torch_class}, {s.v} stage(s)/rank, M={s.microbatches}{ac}"
 
 
-def _partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables,
-               stop: Stop) -> tuple[Cuts, float, str]:  # fmt: skip
+def _never() -> bool:
+    return False
+
+
+def best_partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables,
+                   stop: Stop = _never) -> tuple[Cuts, float, str]:  # fmt: skip
+    """``shape``'s fastest partition as ``score`` times it, that time and how it was found: every partition
+    where there are at most :data:`EXHAUSTIVE_LIMIT`, else a cut descent from the balanced cuts."""
     S, L = rules.ranks * shape.v, rules.num_layers
     times = lambda cs: score.plans([shape.on(c) for c in cs])[0]  # noqa: E731
     n = count_cuts(L, S)
@@ -166,10 +172,6 @@ def _partition(shape: Shape, rules: Rules, score: Scorer, tables: CostTables,
     if stop():
         return cuts, t_best, f"cut descent from the balanced partition, cut short by the time budget ({n} partitions)"
     return cuts, t_best, f"cut descent from the balanced partition (local optimum; {n} partitions)"
-
-
-def _never() -> bool:
-    return False
 
 
 def _screen(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostTables,
@@ -230,7 +232,7 @@ def peer_baseline(peer: PeerSchedule, rules: Rules, score: Scorer, tables: CostT
         refined[key] = refined.get(key, 0) + 1
         if stop() and best is not None:
             break
-        cuts, t, how = _partition(s, rules, score, tables, stop)
+        cuts, t, how = best_partition(s, rules, score, tables, stop)
         if np.isfinite(t) and (best is None or t < best[0]):
             best = (t, s, cuts, how)
     if best is None:
