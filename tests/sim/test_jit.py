@@ -36,3 +36,11 @@ def test_an_edit_of_an_inlined_source_drops_the_caches_of_every_compiled_module(
 def test_the_installed_package_has_a_current_key() -> None:
     key = (jit.PACKAGE / "sim" / "__pycache__" / jit.KEY_FILE).read_text()
     assert key == jit.sources_key(jit.PACKAGE, jit.SOURCES)
+
+
+def test_every_module_that_compiles_kernels_is_a_source() -> None:
+    """A compiled module left out of the key keeps serving its callers' old machine code after an edit
+    (action_rows.py was, until its producers changed and the evaluator ran the old ones)."""
+    compiling = {p.relative_to(jit.PACKAGE).as_posix() for p in jit.PACKAGE.rglob("*.py")
+                 if "from umsearch.sim.jit import njit" in p.read_text()}  # fmt: skip
+    assert compiling and compiling <= set(jit.SOURCES)

@@ -44,32 +44,72 @@ FLOAT_COLS = 16
 _u = np.uint64  # an index known not to be negative: no wraparound code
 
 
+MERGE_RATIO = 8
+"""A sender and receiver list pair whose samples number more than this many times their slots is matched by
+one linear merge (:func:`_merge`), else through a per-sample map of the sender (:func:`_owner_map`): the map
+costs about a cycle per sample, the merge a mispredicted branch every other slot (measured on random
+partitions of 256 samples into 8-64 microbatches)."""
+
+
 @njit(cache=True)
 def _producers(sizes, offset, sb, se, rb, re, owner, first, last, samples):  # type: ignore[no-untyped-def]
     """For each receiver slot q of ``rb..re-1``, the first and last sender slot of ``sb..se-1`` holding
     its samples (as :func:`umsearch.core.samples.spans`) and their samples in all. ``sizes`` and
-    ``offset`` (its first sample in its list) per slot; ``owner`` is scratch for one list's samples.
-
-    Many microbatches for their samples: without a branch per slot, each sample's sender a running
-    count of the senders that ended before it (a mispredicted branch per slot costs more). Few: one
-    linear merge."""
-    total = offset[_u(se - 1)] + sizes[_u(se - 1)]
-    if total > 4 * (se - sb + re - rb):
+    ``offset`` (its first sample in its list) per slot; ``owner`` is scratch for one list's samples."""
+    if _merges(sizes, offset, sb, se, rb, re):
         _merge(sizes, sb, se, rb, re, first, last)
     else:
-        for x in range(total):
-            owner[_u(x)] = 0
-        for m in range(sb + 1, se):
-            owner[_u(offset[_u(m)])] += 1
-        at = sb
-        for x in range(total):
-            at += owner[_u(x)]
-            owner[_u(x)] = at
-        for q in range(rb, re):
-            first[_u(q)] = owner[_u(offset[_u(q)])]
-            last[_u(q)] = owner[_u(offset[_u(q)] + sizes[_u(q)] - 1)]
+        _owner_map(sizes, offset, sb, se, owner)
+        _from_map(sizes, offset, rb, re, owner, 0, first, last)
+    _samples(sizes, offset, rb, re, first, last, samples)
+
+
+@njit(cache=True)
+def _merges(sizes, offset, sb, se, rb, re):  # type: ignore[no-untyped-def]
+    """Whether :func:`_producers` matches these lists by a merge (few microbatches for their samples)."""
+    return offset[_u(se - 1)] + sizes[_u(se - 1)] > MERGE_RATIO * (se - sb + re - rb)
+
+
+@njit(cache=True)
+def _owner_map(sizes, offset, sb, se, owner):  # type: ignore[no-untyped-def]
+    """``owner[x]``: the sender slot (of ``sb..se-1``) holding sample ``x`` of the list. Without a branch
+    per slot: each sample's slot is a running count of the slots that ended before it."""
+    total = offset[_u(se - 1)] + sizes[_u(se - 1)]
+    for x in range(total):
+        owner[_u(x)] = 0
+    for m in range(sb + 1, se):
+        owner[_u(offset[_u(m)])] += 1
+    at = sb
+    for x in range(total):
+        at += owner[_u(x)]
+        owner[_u(x)] = at
+
+
+@njit(cache=True)
+def _from_map(sizes, offset, rb, re, owner, shift, first, last):  # type: ignore[no-untyped-def]
+    """Each receiver slot's first and last sender slot, read off :func:`_owner_map`'s map (plus ``shift``:
+    the map of an equal list at other slots)."""
+    for q in range(rb, re):
+        first[_u(q)] = owner[_u(offset[_u(q)])] + shift
+        last[_u(q)] = owner[_u(offset[_u(q)] + sizes[_u(q)] - 1)] + shift
+
+
+@njit(cache=True)
+def _samples(sizes, offset, rb, re, first, last, samples):  # type: ignore[no-untyped-def]
+    """Each receiver slot's producers' samples in all."""
     for q in range(rb, re):
         samples[_u(q)] = offset[_u(last[_u(q)])] + sizes[_u(last[_u(q)])] - offset[_u(first[_u(q)])]
+
+
+@njit(cache=True)
+def _same_list(sizes, ab, ae, bb, be):  # type: ignore[no-untyped-def]
+    """Whether slots ``ab..ae-1`` and ``bb..be-1`` hold the same sizes in the same order."""
+    if ae - ab != be - bb:
+        return False
+    for k in range(ae - ab):
+        if sizes[_u(ab + k)] != sizes[_u(bb + k)]:
+            return False
+    return True
 
 
 @njit(cache=True)
@@ -121,15 +161,24 @@ def prepare(  # type: ignore[no-untyped-def]
                 n += slot_size[_u(q)]
     first[idle] = last[idle] = idle
     samples[idle] = 0
-    for j in range(S):
-        for listed in (F, B):  # the producers of its forward list, then of its backward list
-            p = source_stage(listed, j, S)
-            if p >= 0:
-                _producers(slot_size, offset, _list_slot(listed, s0 + p, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           _list_slot(listed, s0 + p + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           _list_slot(listed, s0 + j, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           _list_slot(listed, s0 + j + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f),
-                           owner, first, last, samples)  # fmt: skip
+    for p in range(S):  # each list as a sender; a stage's backward list equal to its forward one reuses its map
+        mapped = mapped_end = -1  # the slots of the list whose map ``owner`` holds (-1: none)
+        for listed in (F, B):
+            j = consumer_stage(listed, p, S)
+            if j < 0:
+                continue
+            sb = _list_slot(listed, s0 + p, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
+            se = _list_slot(listed, s0 + p + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
+            rb = _list_slot(listed, s0 + j, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
+            re = _list_slot(listed, s0 + j + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
+            if _merges(slot_size, offset, sb, se, rb, re):
+                _merge(slot_size, sb, se, rb, re, first, last)
+            else:
+                if mapped < 0 or not _same_list(slot_size, mapped, mapped_end, sb, se):
+                    _owner_map(slot_size, offset, sb, se, owner)
+                    mapped, mapped_end = sb, se
+                _from_map(slot_size, offset, rb, re, owner, sb - mapped, first, last)
+            _samples(slot_size, offset, rb, re, first, last, samples)
     for j in range(S):
         g = s0 + j
         for kind in range(4):

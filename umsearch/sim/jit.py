@@ -25,8 +25,8 @@ import numba
 
 PACKAGE = Path(__file__).resolve().parent.parent
 """The ``umsearch`` package folder."""
-SOURCES = ("core/actions.py", "core/cluster.py", "core/cost.py", "sim/jit.py", "sim/kernels.py", "sim/population.py",
-           "search/orders.py")
+SOURCES = ("core/actions.py", "core/cluster.py", "core/cost.py", "sim/action_rows.py", "sim/jit.py", "sim/kernels.py",
+           "sim/population.py", "search/orders.py")
 """Every file whose code or globals the compiled kernels hold, relative to :data:`PACKAGE`."""
 KEY_FILE = "umsearch-kernels.key"
 """The stored key, in ``sim/__pycache__`` (beside the caches it guards)."""
