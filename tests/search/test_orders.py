@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import replace
 
@@ -12,9 +13,10 @@ from hypothesis import strategies as st
 
 from tests.search.helpers import assert_plan_obeys, genomes, rules_st
 from tests.strategies import profiles, uniform_profile
+from umsearch.core.cluster import Cluster
 from umsearch.core.cost import CostModel
 from umsearch.core.plan import equal_split
-from umsearch.core.profile import Profile
+from umsearch.core.profile import Link, Profile
 from umsearch.core.schedules import one_f_one_b
 from umsearch.search.genome import Genome, Rules, genome_of
 from umsearch.search.orders import generate, pack_genomes
@@ -70,6 +72,25 @@ def test_generated_lists_are_valid_and_timed_exactly(rules: Rules, data: st.Data
     np.testing.assert_array_equal(stage_memory(packed, tables), stage_memory(pack(plans), tables))
     for ap in plans:
         assert_plan_obeys(decode(ap), rules)
+
+
+@settings(max_examples=120, deadline=None)
+@given(rules_st(max_layers=8, max_batch=12), st.data())
+def test_generated_candidates_pack_as_their_plans_do(rules: Rules, data: st.DataObject) -> None:
+    """A cluster search's candidates go to the evaluator packed straight from the generator's arrays: the very
+    arrays :func:`pack` makes of their array plans, with or without a cluster, both layouts, ZeRO-1."""
+    population = data.draw(st.lists(handing_genomes(rules), min_size=1, max_size=4))
+    gen = generate(pack_genomes(population, rules), CostModel(uniform_profile(rules.num_layers)).tables(rules.largest),
+                   math.inf)  # fmt: skip
+    link = Link(latency_ms=0.01, bandwidth_gb_per_s=data.draw(st.sampled_from([25.0, 300.0])))
+    cluster = data.draw(st.sampled_from([None, Cluster(gpus_per_node=data.draw(st.sampled_from([1, 2, 4])),
+                                                       intra=link, inter=replace(link, latency_ms=0.02))]))  # fmt: skip
+    fields = {"batch": rules.batch * 2, "replicas": data.draw(st.sampled_from([1, 2, 3])), "cluster": cluster,
+              "layout": data.draw(st.sampled_from(["dp_inner", "pp_inner"])), "zero1": data.draw(st.booleans())}  # fmt: skip
+    want = pack([gen.array_plan(g, rules, c, **fields) for c, g in enumerate(population)])
+    got = gen.packed_plans(rules.ranks, **fields)
+    for f in dataclasses.fields(want):
+        np.testing.assert_array_equal(getattr(got, f.name), getattr(want, f.name), err_msg=f.name)
 
 
 @pytest.mark.slow  # compiles the kept generator (about 20 s)

@@ -72,6 +72,8 @@ from umsearch.sim.population import (
     ArrayPlan,
     FloatArray,
     IntArray,
+    PackedPlans,
+    alike_replica_fields,
     offsets,
     prepare,
     scratch_sizes,
@@ -214,6 +216,17 @@ class Generated:
             bwd_len=np.diff(p.bwd_ptr[p.stage_ptr[c] : p.stage_ptr[c + 1] + 1]),
             act=self.act[p.act_ptr[r0] : p.act_ptr[r1]].copy(), act_len=np.diff(p.act_ptr[r0 : r1 + 1]), **replicas,
         )  # fmt: skip
+
+    def packed_plans(self, ranks: int, **replicas: Any) -> PackedPlans:
+        """Every candidate with its generated lists, packed for :func:`~umsearch.sim.population.evaluate`: what
+        :func:`~umsearch.sim.population.pack` makes of their :meth:`array_plan` (the same ``replicas`` for all;
+        ``batch`` is not packed), without building and copying one plan per candidate."""
+        p = self.packed
+        replicas.pop("batch", None)
+        return PackedPlans(stage_ptr=p.stage_ptr, lo=p.lo, hi=p.hi, rank=p.rank, recompute=p.recompute, fwd=p.fwd,
+                           fwd_ptr=p.fwd_ptr, bwd=p.bwd, bwd_ptr=p.bwd_ptr, rank_ptr=p.rank_ptr, act=self.act,
+                           act_ptr=p.act_ptr,
+                           **alike_replica_fields(p.size, ranks, p.rank, **replicas))  # type: ignore[arg-type]  # fmt: skip
 
     def ranks_of(self, c: int, values: FloatArray) -> FloatArray:
         """Candidate ``c``'s slice of a per-rank array."""

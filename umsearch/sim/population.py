@@ -268,11 +268,18 @@ def _replica_arrays(c: ArrayPlan) -> tuple[IntArray, IntArray]:
     return rows, per_rank[c.rank]
 
 
-def _links(c: ArrayPlan) -> list[float]:
-    x = c.cluster
+def _links(x: Cluster | None) -> list[float]:
+    """A cluster's links as :attr:`PackedPlans.links` holds them (zeros without a cluster)."""
     if x is None:
         return [0.0] * 4
     return [x.intra.latency_ms, ms_per_byte(x.intra), x.inter.latency_ms, ms_per_byte(x.inter)]
+
+
+def _one_run_each(n: int, stages: int) -> dict[str, npt.NDArray[np.generic]]:
+    """:class:`PackedPlans`' cluster arrays of ``n`` candidates (``stages`` in all) without a cluster: one run each."""
+    return {"links": np.zeros((n, 4)), "run_ptr": np.arange(n + 1, dtype=np.int64),
+            "node_ptr": np.zeros(n + 1, dtype=np.int64), "run_node": np.zeros(0, dtype=np.int64),
+            "stage_link": np.zeros(stages, dtype=np.int64)}  # fmt: skip
 
 
 def _replica_fields(candidates: Sequence[ArrayPlan]) -> dict[str, npt.NDArray[np.generic]]:
@@ -284,18 +291,36 @@ def _replica_fields(candidates: Sequence[ArrayPlan]) -> dict[str, npt.NDArray[np
         "bucket_bytes": np.array([bucket_cap_bytes(c.bucket_mib) for c in candidates], dtype=np.float64),
     }
     if all(c.cluster is None for c in candidates):
-        return out | {"links": np.zeros((n, 4)), "run_ptr": np.arange(n + 1, dtype=np.int64),
-                      "node_ptr": np.zeros(n + 1, dtype=np.int64), "run_node": np.zeros(0, dtype=np.int64),
-                      "stage_link": np.zeros(sum(c.stages for c in candidates), dtype=np.int64)}  # fmt: skip
+        return out | _one_run_each(n, sum(c.stages for c in candidates))
     reps = [_replica_arrays(c) for c in candidates]
     runs = [rows for rows, _ in reps]
     return out | {
-        "links": np.array([_links(c) for c in candidates], dtype=np.float64).reshape(n, 4),
+        "links": np.array([_links(c.cluster) for c in candidates], dtype=np.float64).reshape(n, 4),
         "run_ptr": offsets([rows.shape[0] for rows in runs]),
         "node_ptr": offsets([rows.shape[1] for rows in runs for _ in range(rows.shape[0])]),
         "run_node": np.concatenate([rows.ravel() for rows in runs]),
         "stage_link": np.concatenate([link for _, link in reps]),
     }
+
+
+def alike_replica_fields(n: int, ranks: int, rank: IntArray, *, replicas: int = 1, cluster: Cluster | None = None,
+                         layout: str = DEFAULT_LAYOUT, zero1: bool = False,
+                         bucket_mib: float | None = DEFAULT_BUCKET_MIB) -> dict[str, npt.NDArray[np.generic]]:  # fmt: skip
+    """:class:`PackedPlans`' section 9 arrays of ``n`` candidates of ``ranks`` ranks that share every section 9
+    field (those of :class:`ArrayPlan`, its defaults the same), ``rank`` the rank of every stage of them all:
+    what :func:`pack` makes of such candidates, without a pass over them (one search's candidates)."""
+    out: dict[str, npt.NDArray[np.generic]] = {
+        "replicas": np.full(n, replicas, dtype=np.int64), "zero1": np.full(n, zero1, dtype=np.bool_),
+        "bucket_bytes": np.full(n, bucket_cap_bytes(bucket_mib), dtype=np.float64),
+    }  # fmt: skip
+    if cluster is None:
+        return out | _one_run_each(n, rank.shape[0])
+    rows, per_rank = _patterns(ranks, replicas, cluster, layout)
+    runs, width = rows.shape
+    return out | {"links": np.tile(np.array(_links(cluster), dtype=np.float64), (n, 1)),
+                  "run_ptr": np.arange(n + 1, dtype=np.int64) * runs,
+                  "node_ptr": np.arange(n * runs + 1, dtype=np.int64) * width,
+                  "run_node": np.tile(rows.ravel(), n), "stage_link": per_rank[rank]}  # fmt: skip
 
 
 def pack(candidates: Sequence[ArrayPlan]) -> PackedPlans:
