@@ -19,6 +19,7 @@ from bisect import bisect_left
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Any
 
 from umsearch.core.profile import Profile
 from umsearch.core.schedules import placement
@@ -132,6 +133,11 @@ class Rules:
 
     @cached_property
     def _placements(self) -> dict[tuple[int, str], tuple[int, ...]]:
+        return {}
+
+    @cached_property
+    def memo(self) -> dict[str, Any]:
+        """What other modules work out once per rules and ask for on every neighbour (the moves that apply)."""
         return {}
 
     def placement_of(self, v: int, kind: str) -> tuple[int, ...]:

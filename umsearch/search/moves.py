@@ -331,7 +331,14 @@ PlanMove = Callable[[Genes, Rules, Rng], None]
 
 
 def moves_for(rules: Rules) -> tuple[PlanMove, ...]:
-    """The moves that can change something under ``rules``, weighted by repetition."""
+    """The moves that can change something under ``rules``, weighted by repetition (worked out once per rules)."""
+    table: tuple[PlanMove, ...] | None = rules.memo.get("moves")
+    if table is None:
+        table = rules.memo["moves"] = _moves_for(rules)
+    return table
+
+
+def _moves_for(rules: Rules) -> tuple[PlanMove, ...]:
     moves: list[PlanMove] = [list_move, list_move, list_move, list_move, copy_list, cut_move, cut_move,
                              cap_move, cap_move, rank_knob_move]  # fmt: skip
     if rules.split:

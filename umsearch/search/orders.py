@@ -159,8 +159,8 @@ def pack_genomes(genomes: Sequence[Genome], rules: Rules) -> PackedGenomes:
     cuts = np.fromiter(chain(g.cuts for g in genomes), dtype=np.int64, count=S + len(genomes))
     cut_ptr = stage_ptr + np.arange(len(genomes) + 1)
     lo, hi = np.delete(cuts, cut_ptr[1:] - 1), np.delete(cuts, cut_ptr[:-1])
-    fwd_len = np.fromiter((len(f) for g in genomes for f in g.forward), dtype=np.int64, count=S)
-    bwd_len = np.fromiter((len(b) for g in genomes for b in g.backward), dtype=np.int64, count=S)
+    fwd_len = np.fromiter(map(len, chain(g.forward for g in genomes)), dtype=np.int64, count=S)
+    bwd_len = np.fromiter(map(len, chain(g.backward for g in genomes)), dtype=np.int64, count=S)
     split = np.fromiter(chain(g.split for g in genomes), dtype=np.bool_, count=S)
     # Actions per rank: every forward, and every backward as B or as I and W.
     per_stage = fwd_len + bwd_len * (1 + split)
