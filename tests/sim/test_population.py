@@ -101,15 +101,22 @@ def test_splitting_nothing_changes_nothing(data: st.DataObject) -> None:
 @given(data=st.data())
 def test_producers_are_the_spans(data: st.DataObject) -> None:
     """The evaluator's producer ranges (a running count per sample where microbatches are many for their
-    samples, a merge where few) are :func:`umsearch.core.samples.spans`, with the producers' samples."""
+    samples, a merge where few) are :func:`umsearch.core.samples.spans`, with the producers' samples; a
+    second sender list equal to the first (a stage's backward list that is its forward one) reads the
+    first one's map, an unequal one maps its own."""
     batch = data.draw(st.integers(1, 200))
-    sender = data.draw(partitions(batch, max_parts=data.draw(st.sampled_from([2, 8, 64]))))
-    receiver = data.draw(partitions(batch, max_parts=data.draw(st.sampled_from([2, 8, 64]))))
-    sizes = np.array([0, *sender, *receiver], dtype=np.int64)  # a slot before them: absolute slots
-    offset = np.array([0, *np.cumsum([0, *sender[:-1]]), *np.cumsum([0, *receiver[:-1]])], dtype=np.int64)
-    sb, rb = 1, 1 + len(sender)
+    lists = st.sampled_from([2, 8, 64]).flatmap(lambda most: partitions(batch, max_parts=most))
+    sender, receiver, other = data.draw(lists), data.draw(lists), data.draw(lists)
+    second = sender if data.draw(st.booleans()) else data.draw(lists)
+    pairs = [(sender, receiver), (second, other)]
+    sizes = np.array([0, *(v for pair in pairs for part in pair for v in part)], dtype=np.int64)  # slot 0: absolute slots
+    offset = np.array([0, *(x for pair in pairs for part in pair for x in np.cumsum([0, *part[:-1]]))], dtype=np.int64)
     first, last, samples = (np.full(sizes.shape[0], -1, dtype=np.int64) for _ in range(3))
-    _producers(sizes, offset, sb, rb, rb, sizes.shape[0], np.empty(batch, dtype=np.int64), first, last, samples)
-    for q, want in enumerate(spans(sender, receiver)):
-        assert (first[rb + q] - sb, last[rb + q] - sb) == (want[0], want[-1])
-        assert samples[rb + q] == sum(sender[m] for m in want)
+    owner, held, at = np.empty(batch, dtype=np.int64), (-1, -1), 1
+    for snd, rcv in pairs:
+        sb, rb = at, at + len(snd)
+        held = _producers(sizes, offset, sb, rb, rb, rb + len(rcv), owner, *held, first, last, samples)
+        for q, want in enumerate(spans(snd, rcv)):
+            assert (first[rb + q] - sb, last[rb + q] - sb) == (want[0], want[-1])
+            assert samples[rb + q] == sum(snd[m] for m in want)
+        at = rb + len(rcv)

@@ -52,16 +52,21 @@ partitions of 256 samples into 8-64 microbatches)."""
 
 
 @njit(cache=True)
-def _producers(sizes, offset, sb, se, rb, re, owner, first, last, samples):  # type: ignore[no-untyped-def]
+def _producers(sizes, offset, sb, se, rb, re, owner, mapped, mapped_end, first, last, samples):  # type: ignore[no-untyped-def]
     """For each receiver slot q of ``rb..re-1``, the first and last sender slot of ``sb..se-1`` holding
     its samples (as :func:`umsearch.core.samples.spans`) and their samples in all. ``sizes`` and
-    ``offset`` (its first sample in its list) per slot; ``owner`` is scratch for one list's samples."""
+    ``offset`` (its first sample in its list) per slot; ``owner`` is scratch for one list's samples, holding
+    the map of slots ``mapped..mapped_end-1`` (-1: none), which is used again where the sender list is the
+    same. Returns the slots whose map ``owner`` holds now."""
     if _merges(sizes, offset, sb, se, rb, re):
         _merge(sizes, sb, se, rb, re, first, last)
     else:
-        _owner_map(sizes, offset, sb, se, owner)
-        _from_map(sizes, offset, rb, re, owner, 0, first, last)
+        if mapped < 0 or not _same_list(sizes, mapped, mapped_end, sb, se):
+            _owner_map(sizes, offset, sb, se, owner)
+            mapped, mapped_end = sb, se
+        _from_map(sizes, offset, rb, re, owner, sb - mapped, first, last)
     _samples(sizes, offset, rb, re, first, last, samples)
+    return mapped, mapped_end
 
 
 @njit(cache=True)
@@ -171,14 +176,8 @@ def prepare(  # type: ignore[no-untyped-def]
             se = _list_slot(listed, s0 + p + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
             rb = _list_slot(listed, s0 + j, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
             re = _list_slot(listed, s0 + j + 1, fwd_ptr, bwd_ptr, f_base, b_base, n_f)
-            if _merges(slot_size, offset, sb, se, rb, re):
-                _merge(slot_size, sb, se, rb, re, first, last)
-            else:
-                if mapped < 0 or not _same_list(slot_size, mapped, mapped_end, sb, se):
-                    _owner_map(slot_size, offset, sb, se, owner)
-                    mapped, mapped_end = sb, se
-                _from_map(slot_size, offset, rb, re, owner, sb - mapped, first, last)
-            _samples(slot_size, offset, rb, re, first, last, samples)
+            mapped, mapped_end = _producers(slot_size, offset, sb, se, rb, re, owner, mapped, mapped_end, first, last,
+                                            samples)  # fmt: skip
     for j in range(S):
         g = s0 + j
         for kind in range(4):
