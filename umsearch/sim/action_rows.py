@@ -61,7 +61,7 @@ def _producers(sizes, offset, sb, se, rb, re, owner, mapped, mapped_end, first, 
     if _merges(sizes, offset, sb, se, rb, re):
         _merge(sizes, sb, se, rb, re, first, last)
     else:
-        if mapped < 0 or not _same_list(sizes, mapped, mapped_end, sb, se):
+        if mapped < 0 or not same_list(sizes, mapped, mapped_end, sb, se):
             _owner_map(sizes, offset, sb, se, owner)
             mapped, mapped_end = sb, se
         _from_map(sizes, offset, rb, re, owner, sb - mapped, first, last)
@@ -107,7 +107,7 @@ def _samples(sizes, offset, rb, re, first, last, samples):  # type: ignore[no-un
 
 
 @njit(cache=True)
-def _same_list(sizes, ab, ae, bb, be):  # type: ignore[no-untyped-def]
+def same_list(sizes, ab, ae, bb, be):  # type: ignore[no-untyped-def]
     """Whether slots ``ab..ae-1`` and ``bb..be-1`` hold the same sizes in the same order."""
     if ae - ab != be - bb:
         return False

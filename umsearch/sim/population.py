@@ -87,6 +87,7 @@ from umsearch.sim.action_rows import (
     T_LO,
     TOOK_AT,
     prepare,
+    same_list,
 )
 from umsearch.sim.jit import njit
 from umsearch.sim.kernels import (
@@ -456,12 +457,7 @@ def _hand_offs(stage_ptr, rank, recompute, fwd, fwd_ptr):  # type: ignore[no-unt
     out = np.zeros(rank.shape[0], np.bool_)
     for c in range(stage_ptr.shape[0] - 1):
         for g in range(stage_ptr[c], stage_ptr[c + 1] - 1):
-            n = fwd_ptr[g + 1] - fwd_ptr[g]
-            same = n == fwd_ptr[g + 2] - fwd_ptr[g + 1]
-            for k in range(n if same else 0):
-                if fwd[fwd_ptr[g] + k] != fwd[fwd_ptr[g + 1] + k]:
-                    same = False
-                    break
+            same = same_list(fwd, fwd_ptr[g], fwd_ptr[g + 1], fwd_ptr[g + 1], fwd_ptr[g + 2])
             out[g] = hands_on(rank[g] == rank[g + 1], recompute[g], recompute[g + 1], same)
     return out
 
