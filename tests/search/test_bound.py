@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -154,3 +155,21 @@ def test_one_rank_holds_a_tied_weight_once_and_every_fixed_stash() -> None:
     assert whole_param_bytes(tables) == 360.0
     assert max_sizes(tables, 400.0, whole=True).tolist() == [4.0, 3.0, 4.0, 4.0]
     assert max_sizes(tables, 140.0).tolist() == [4.0, 3.0, 4.0, 4.0]  # one layer's own 100 bytes on a rank
+
+
+def test_layers_whose_stash_cannot_stay_pay_a_recomputation() -> None:
+    """Fact 4 on unit layers (a microbatch of 1-4 samples takes F = 1, B = 2; stash 10 bytes a sample; no state)
+    on one rank, B = 4. The stashes held at once (every kept layer's microbatch holding one sample) fit the
+    limit: under 20 bytes one layer keeps microbatches of 2 (6 ms) and three recompute (a forward of 4 and
+    microbatches of 2: 7 ms each), 27 ms, where microbatches of 2 everywhere would be 24; under 40 bytes one
+    layer keeps a microbatch of 4 (3 ms) and three recompute (4 ms each), 15; under 10 one layer keeps single
+    samples (12 ms), three recompute single ones (13 ms each), 51. Without recomputation every layer keeps
+    single samples under 40 bytes (48 ms), and nothing fits under 20."""
+    tables = CostModel(unit_profile(4, split=False), state_factor=0.0).tables(4)
+    rules = Rules(num_layers=4, ranks=1, batch=4, sizes=(1, 2), max_count=4, stages_per_rank=(1, 2, 4),
+                  placements=("loop",), split=False, recompute=True)  # fmt: skip
+    assert lower_bound(tables, rules) == 12.0
+    for limit, bound in ((20.0, 27.0), (40.0, 15.0), (10.0, 51.0)):
+        assert lower_bound(tables, replace(rules, memory_limit=limit)) == pytest.approx(bound, rel=1e-8)
+    assert lower_bound(tables, replace(rules, memory_limit=40.0, recompute=False)) == pytest.approx(48.0, rel=1e-8)
+    assert lower_bound(tables, replace(rules, memory_limit=20.0, recompute=False)) == math.inf

@@ -35,9 +35,24 @@ with the least ``nmax`` runs at least ``ceil(B / nmax)`` backwards, each with
 its runtime overhead. Its fixed stash is resident with it (version 2.3). With one rank, that rank holds every
 layer's state, each tied weight once. With ZeRO-1 the caller's tables carry the sharded state
 factor (:meth:`~umsearch.search.factorize.ClusterPlacement.bound_tables`).
+
+4. *What must be recomputed* (fact 1's work, under a limit). When the last stage starts the backward of the
+   microbatch holding sample ``s``, every stage that does not recompute has forwarded its own microbatch
+   holding ``s`` and not yet released it, and every rank's forwards of those came before its backwards of
+   them: each rank's peak counts them all at once, beside its state. Summed over the ranks, with
+   ``n_l(s)`` the size of layer ``l``'s microbatch holding ``s`` and ``K`` the layers of stages that keep
+   their stash, ``sum over K of stash_l * n_l(s) <= R * limit - state_factor * whole parameters`` for
+   every ``s``, so also for the mean over samples ``x_l`` of ``n_l(s)``. A kept layer's work is
+   ``sum over s of u_l(n_l(s))`` with ``u_l(n)`` its time per sample at size ``n``, at least ``B`` times
+   ``u_l``'s convex minorant at ``x_l`` (Jensen); a recomputed one costs a forward more per sample. The
+   least total work under that one constraint is at least its Lagrangian dual at any multiplier, and the
+   dual needs no minorant: a linear term's minimum over the minorant lies on one of the sizes
+   (:func:`kept_or_recomputed`). Fact 1 takes the larger of this and the plain work.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -109,6 +124,52 @@ def _fitting(per_size: np.ndarray, nmax: np.ndarray) -> np.ndarray:
     return np.where((sizes <= nmax[None, :]) | (sizes == 0), per_size, np.inf)
 
 
+def kept_or_recomputed(per_size: np.ndarray, recomputed: np.ndarray, stash: np.ndarray, room: float,
+                       batch: int) -> float:  # fmt: skip
+    """Fact 4: a lower bound on the total work of ``batch`` samples through every layer when the layers that
+    keep their stash hold at most ``room`` bytes per sample of mean microbatch size together.
+
+    ``per_size[n, l]``: layer ``l``'s time of a microbatch of ``n`` samples (row 0 unused; ``inf`` where the
+    size cannot run); ``recomputed[l]``: its least time per sample when its stage recomputes (``inf``: it
+    may not); ``stash[l]``: its stash bytes per sample. The value is the dual
+    ``max over lam >= 0 of sum_l min(B * recomputed_l, min_n B * per_size[n, l] / n + lam * stash_l * n)
+    - lam * room``, every multiplier giving a bound; ``inf`` where the layers that may not recompute cannot
+    keep one sample each (a negative ``room``: the ranks' state alone is over their limits)."""
+    sizes = np.arange(1, per_size.shape[0], dtype=np.float64)[:, None]
+    unit = batch * per_size[1:] / sizes  # (sizes, L): the work of every sample at that size
+    rc = batch * recomputed
+
+    held = np.where(stash > 0, stash, 0.0)[None, :] * sizes  # a layer saving nothing costs no room
+
+    def dual(lam: float) -> float:
+        kept = np.min(unit + lam * held, axis=0)
+        return float(np.sum(np.minimum(kept, rc)) - lam * room)
+
+    if room < float(np.sum(stash[~np.isfinite(rc)])):  # the layers that must keep their stash cannot, even one sample
+        return math.inf
+    # The dual is concave in lam: a golden-section search over lam in [0, top], where top makes any kept
+    # sample dearer than all the work there is.
+    finite = unit[np.isfinite(unit)]
+    positive = stash[stash > 0]
+    if not finite.size or not positive.size:
+        return dual(0.0)
+    lo, hi = 0.0, min(1e200, 2.0 * float(finite.max()) * per_size.shape[1] / float(positive.min()))
+    best = dual(0.0)
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = dual(a), dual(b)
+    for _ in range(80):
+        if fa < fb:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = dual(b)
+        else:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = dual(a)
+    return max(best, fa, fb)
+
+
 def lower_bound(tables: CostTables, rules: Rules) -> float:
     """No plan of the space under ``rules.memory_limit`` can finish an iteration faster than this (ms);
     ``inf`` where no plan fits."""
@@ -125,13 +186,32 @@ def lower_bound(tables: CostTables, rules: Rules) -> float:
     both = _fitting(fwd + bwd, nmax)
     # Each rank runs a forward and a backward at least; the stage with the least nmax, ceil(B / nmax) backwards.
     actions = 2 * R + max(0, -(-B // int(min(nmax.min(), B))) - 1)
-    work = float(min_split(both, B).sum()) + actions * op + 4 * (R - 1) * msg
+    work = float(min_split(both, B).sum())
+    if math.isfinite(rules.memory_limit):
+        work = max(work, _memory_work(tables, rules, fwd, both, nmax, top))
+    work += actions * op + 4 * (R - 1) * msg
     fill = float(sum(head[i] + lat for i in range(1, R)))
     bounds = [(work + fill) / R]
     bounds.append(float(least_f.sum() + least_g.sum()) + 2 * R * op + 2 * (R - 1) * (lat + 2 * msg))
     if rules.stages_per_rank == (1,) and rules.num_layers <= MAX_DP_LAYERS:
         bounds.append(_one_stage_per_rank(tables, rules, fwd + bwd, nmax, head, np.concatenate([[0.0], np.cumsum(least_g)])))
     return max(bounds)
+
+
+def _memory_work(tables: CostTables, rules: Rules, fwd: np.ndarray, both: np.ndarray, nmax: np.ndarray,
+                 top: int) -> float:  # fmt: skip
+    """Fact 4 for the space: the state of every layer resident over the ranks, a little room given for
+    rounding (as :func:`max_sizes` does)."""
+    R = rules.ranks
+    limit = rules.memory_limit
+    room = R * limit - tables.state_factor * whole_param_bytes(tables) + 1e-9 * R * abs(limit)
+    stash = np.diff(tables.stash_prefix)
+    if rules.recompute:
+        sizes = np.arange(1, top + 1, dtype=np.float64)[:, None]
+        recomputed = np.min(fwd[1:] / sizes, axis=0) + np.min(both[1:] / sizes, axis=0)
+    else:
+        recomputed = np.full(stash.shape, np.inf)
+    return kept_or_recomputed(both, recomputed, stash, room, rules.batch)
 
 
 def _one_stage_per_rank(tables: CostTables, rules: Rules, per_size: np.ndarray, nmax: np.ndarray, head: np.ndarray,
