@@ -53,6 +53,7 @@ factor (:meth:`~umsearch.search.factorize.ClusterPlacement.bound_tables`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -138,7 +139,6 @@ def kept_or_recomputed(per_size: np.ndarray, recomputed: np.ndarray, stash: np.n
     sizes = np.arange(1, per_size.shape[0], dtype=np.float64)[:, None]
     unit = batch * per_size[1:] / sizes  # (sizes, L): the work of every sample at that size
     rc = batch * recomputed
-
     held = np.where(stash > 0, stash, 0.0)[None, :] * sizes  # a layer saving nothing costs no room
 
     def dual(lam: float) -> float:
@@ -147,27 +147,31 @@ def kept_or_recomputed(per_size: np.ndarray, recomputed: np.ndarray, stash: np.n
 
     if room < float(np.sum(stash[~np.isfinite(rc)])):  # the layers that must keep their stash cannot, even one sample
         return math.inf
-    # The dual is concave in lam: a golden-section search over lam in [0, top], where top makes any kept
-    # sample dearer than all the work there is.
-    finite = unit[np.isfinite(unit)]
-    positive = stash[stash > 0]
+    finite, positive = unit[np.isfinite(unit)], stash[stash > 0]
     if not finite.size or not positive.size:
         return dual(0.0)
-    lo, hi = 0.0, min(1e200, 2.0 * float(finite.max()) * per_size.shape[1] / float(positive.min()))
-    best = dual(0.0)
+    # Past ``top`` a kept sample costs more than all the work there is, so the dual only falls; it is concave
+    # in lam, so unimodal in log(lam), which spans the scales of bytes and milliseconds evenly.
+    top = min(1e200, 2.0 * float(finite.max()) * per_size.shape[1] / float(positive.min()))
+    t = _golden_max(lambda x: dual(math.exp(x)), math.log(top) - 70.0, math.log(top))
+    return max(dual(0.0), dual(math.exp(t)))
+
+
+def _golden_max(f: Callable[[float], float], lo: float, hi: float, steps: int = 90) -> float:
+    """An argument in ``[lo, hi]`` near the maximum of the unimodal ``f`` (golden-section search)."""
     g = (math.sqrt(5) - 1) / 2
     a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = dual(a), dual(b)
-    for _ in range(80):
+    fa, fb = f(a), f(b)
+    for _ in range(steps):
         if fa < fb:
             lo, a, fa = a, b, fb
             b = lo + g * (hi - lo)
-            fb = dual(b)
+            fb = f(b)
         else:
             hi, b, fb = b, a, fa
             a = hi - g * (hi - lo)
-            fa = dual(a)
-    return max(best, fa, fb)
+            fa = f(a)
+    return a if fa >= fb else b
 
 
 def lower_bound(tables: CostTables, rules: Rules) -> float:
@@ -188,7 +192,7 @@ def lower_bound(tables: CostTables, rules: Rules) -> float:
     actions = 2 * R + max(0, -(-B // int(min(nmax.min(), B))) - 1)
     work = float(min_split(both, B).sum())
     if math.isfinite(rules.memory_limit):
-        work = max(work, _memory_work(tables, rules, fwd, both, nmax, top))
+        work = max(work, _memory_work(tables, rules, fwd, both, top))
     work += actions * op + 4 * (R - 1) * msg
     fill = float(sum(head[i] + lat for i in range(1, R)))
     bounds = [(work + fill) / R]
@@ -198,8 +202,7 @@ def lower_bound(tables: CostTables, rules: Rules) -> float:
     return max(bounds)
 
 
-def _memory_work(tables: CostTables, rules: Rules, fwd: np.ndarray, both: np.ndarray, nmax: np.ndarray,
-                 top: int) -> float:  # fmt: skip
+def _memory_work(tables: CostTables, rules: Rules, fwd: np.ndarray, both: np.ndarray, top: int) -> float:
     """Fact 4 for the space: the state of every layer resident over the ranks, a little room given for
     rounding (as :func:`max_sizes` does)."""
     R = rules.ranks
