@@ -125,20 +125,21 @@ def _fitting(per_size: np.ndarray, nmax: np.ndarray) -> np.ndarray:
     return np.where((sizes <= nmax[None, :]) | (sizes == 0), per_size, np.inf)
 
 
-def kept_or_recomputed(per_size: np.ndarray, recomputed: np.ndarray, stash: np.ndarray, room: float,
+def kept_or_recomputed(per_size: np.ndarray, forward: np.ndarray, stash: np.ndarray, room: float,
                        batch: int) -> float:  # fmt: skip
     """Fact 4: a lower bound on the total work of ``batch`` samples through every layer when the layers that
     keep their stash hold at most ``room`` bytes per sample of mean microbatch size together.
 
     ``per_size[n, l]``: layer ``l``'s time of a microbatch of ``n`` samples (row 0 unused; ``inf`` where the
-    size cannot run); ``recomputed[l]``: its least time per sample when its stage recomputes (``inf``: it
-    may not); ``stash[l]``: its stash bytes per sample. The value is the dual
-    ``max over lam >= 0 of sum_l min(B * recomputed_l, min_n B * per_size[n, l] / n + lam * stash_l * n)
-    - lam * room``, every multiplier giving a bound; ``inf`` where the layers that may not recompute cannot
-    keep one sample each (a negative ``room``: the ranks' state alone is over their limits)."""
+    size cannot run); ``forward[l]``: the least time per sample of the forward its stage reruns when it
+    recomputes (``inf``: it may not); ``stash[l]``: its stash bytes per sample. With ``unit[n, l] = B *
+    per_size[n, l] / n``, the value is the dual ``max over lam >= 0 of sum_l min(min_n unit[n, l] + B *
+    forward_l, min_n unit[n, l] + lam * stash_l * n) - lam * room``, every multiplier giving a bound; ``inf``
+    where the layers that may not recompute cannot keep one sample each (a negative ``room``: the ranks'
+    state alone is over their limits)."""
     sizes = np.arange(1, per_size.shape[0], dtype=np.float64)[:, None]
     unit = batch * per_size[1:] / sizes  # (sizes, L): the work of every sample at that size
-    rc = batch * recomputed
+    rc = unit.min(axis=0) + batch * forward
     held = np.where(stash > 0, stash, 0.0)[None, :] * sizes  # a layer saving nothing costs no room
 
     def dual(lam: float) -> float:
@@ -210,11 +211,10 @@ def _memory_work(tables: CostTables, rules: Rules, fwd: np.ndarray, both: np.nda
     room = R * limit - tables.state_factor * whole_param_bytes(tables) + 1e-9 * R * abs(limit)
     stash = np.diff(tables.stash_prefix)
     if rules.recompute:
-        sizes = np.arange(1, top + 1, dtype=np.float64)[:, None]
-        recomputed = np.min(fwd[1:] / sizes, axis=0) + np.min(both[1:] / sizes, axis=0)
+        forward = np.min(fwd[1:] / np.arange(1, top + 1, dtype=np.float64)[:, None], axis=0)
     else:
-        recomputed = np.full(stash.shape, np.inf)
-    return kept_or_recomputed(both, recomputed, stash, room, rules.batch)
+        forward = np.full(stash.shape, np.inf)
+    return kept_or_recomputed(both, forward, stash, room, rules.batch)
 
 
 def _one_stage_per_rank(tables: CostTables, rules: Rules, per_size: np.ndarray, nmax: np.ndarray, head: np.ndarray,
